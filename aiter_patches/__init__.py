@@ -1,0 +1,44 @@
+"""aiter_patches: runtime patches over AMD's AITER for fewer MoE kernel launches, with the same bits.
+
+    import aiter_patches
+    aiter_patches.apply()
+
+Each patch replaces AITER functions only when their signatures match the pins it
+was written for (SIGNATURES.md), is skipped with a logged reason otherwise, and
+hands any call outside its proven envelope back to AITER.
+"""
+
+from .registry import (
+    ApplyReport,
+    Patch,
+    PatchSkipped,
+    SourcePin,
+    Target,
+    apply,
+    register,
+    reset_stats,
+    revert,
+    stats,
+    status,
+    unregister,
+)
+from .signatures import Pin
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ApplyReport",
+    "Patch",
+    "PatchSkipped",
+    "Pin",
+    "SourcePin",
+    "Target",
+    "apply",
+    "register",
+    "reset_stats",
+    "revert",
+    "stats",
+    "status",
+    "unregister",
+    "__version__",
+]

@@ -1,0 +1,224 @@
+"""The equivalence checks `aiter-patches verify` runs: each patch against AITER, on this machine.
+
+A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort
+helpers, ``fused_moe`` on the stand-in, the block-scale GEMM) with the patch
+applied and, inside ``verify.suspended()``, without it, on the same inputs, then
+compares over every position AITER defines. Each also asserts that the fast
+path was taken (a check that only exercised fallbacks would prove nothing).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from . import registry
+from .patches import moe_call
+from .verify import CheckResult, suspended
+
+
+def _aiter():
+    return sys.modules["aiter"], sys.modules["aiter.fused_moe"]
+
+
+def _is_stand_in() -> bool:
+    return bool(getattr(sys.modules.get("aiter"), "IS_AITER_PATCHES_STAND_IN", False))
+
+
+def _routing(M: int, E: int, topk: int, device, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.rand(M, E, generator=g).argsort(dim=1)[:, :topk].to(torch.int32)
+    w = torch.rand(M, topk, generator=g).softmax(dim=1).to(torch.float32)
+    w[0, 0] = 0.0 if M > 1 and topk > 1 else w[0, 0]  # a zero routing weight (AITER's zero-row rule)
+    return ids.to(device), w.to(device)
+
+
+def _fast_hits(name: str) -> int:
+    return registry.stats()[name]["fast"]
+
+
+def _sort_and_quant(fm, ids, w, E, x, block, quant_dtype, *, addend=None):
+    """moe_sorting (+ the stage-1 quant helper) as fused_moe_2stages calls them, inside one MoeCall."""
+    call = moe_call.MoeCall(hidden_states=x, arguments={}, quant_dtype=quant_dtype)
+    if addend is not None:
+        call.addend = addend
+    with moe_call.scope(call):
+        sorted_ids, sorted_w, sorted_e, nv, buf = fm.moe_sorting(ids, w, E, x.shape[1], x.dtype, block)
+        helper = fm.fused_dynamic_mxfp4_quant_moe_sort if quant_dtype == torch.float4_e2m1fn_x2 \
+            else fm.fused_dynamic_mxfp8_quant_moe_sort
+        data, scale = helper(x, sorted_ids=sorted_ids, num_valid_ids=nv, token_num=x.shape[0], topk=ids.shape[1],
+                             block_size=block, sorted_weights=sorted_w)
+    return sorted_ids, sorted_w, sorted_e, nv, buf, data, scale
+
+
+def _compare_sort_quant(a, b, block: int) -> list[str]:
+    """Sort outputs over the defined region, and moe_buf rows below the token count."""
+    bad = []
+    names = ["sorted_ids", "sorted_weights", "sorted_expert_ids", "num_valid_ids", "moe_buf", "data", "scale"]
+    if not torch.equal(a[3].cpu(), b[3].cpu()):
+        return ["num_valid_ids"]
+    nv, T = (int(v) for v in a[3].cpu())
+    for i, n in ((0, nv), (1, nv), (2, nv // block)):
+        if not torch.equal(a[i][:n].cpu().view(torch.int32), b[i][:n].cpu().view(torch.int32)):
+            bad.append(names[i])
+    if not torch.equal(a[4][:T].cpu(), b[4][:T].cpu()):
+        bad.append("moe_buf")
+    return bad
+
+
+def _masked_quant_equal(x, res_a, res_b, quant_dtype, topk: int) -> list[str]:
+    """Compare data rows and scale bytes over the positions AITER defines (reference masks)."""
+    from .reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
+
+    sorted_ids, sorted_w, _, nv = (t.cpu() for t in res_a[:4])
+    M = x.shape[0]
+    ref = mx_quant_moe_sort_reference(x.cpu(), sorted_ids, nv, sorted_w, M, quant_dtype,
+                                      fused=stage1_uses_fused_quant(M, topk))
+    bad = []
+    rows = ref.data_defined
+    da, db = res_a[5].cpu().view(torch.uint8), res_b[5].cpu().view(torch.uint8)
+    if not torch.equal(da[rows], db[rows]):
+        bad.append("MX data rows")
+    sa, sb = res_a[6].cpu().view(torch.uint8), res_b[6].cpu().view(torch.uint8)
+    if not torch.equal(sa[ref.scale_defined], sb[ref.scale_defined]):
+        bad.append("MX scale bytes")
+    return bad
+
+
+def check_sort_mx_quant(device) -> CheckResult:
+    aiter, fm = _aiter()
+    M, E, topk, dim, block = 7, 16, 4, 256, 32
+    ids, w = _routing(M, E, topk, device)
+    x = (torch.randn(M, dim, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16).to(device)
+    problems = []
+    for qd in (aiter.dtypes.fp4x2, aiter.dtypes.fp8):
+        before = _fast_hits("moe_sort_mx_quant")
+        patched = _sort_and_quant(fm, ids, w, E, x, block, qd)
+        if _fast_hits("moe_sort_mx_quant") < before + 2:
+            problems.append(f"{qd}: fast path not taken ({registry.stats()['moe_sort_mx_quant']['fallback']})")
+        with suspended():
+            original = _sort_and_quant(fm, ids, w, E, x, block, qd)
+        problems += [f"{qd}: {p}" for p in _compare_sort_quant(patched, original, block)]
+        problems += [f"{qd}: {p}" for p in _masked_quant_equal(x, patched, original, qd, topk)]
+    if _is_stand_in():
+        problems += _whole_fused_moe_bitwise(device)
+    ok = not problems
+    return CheckResult("bitwise", ok, "sort, moe_buf, MX data and scales equal" if ok else "; ".join(problems))
+
+
+def _stand_in_moe_inputs(device, M=5, E=8, topk=2, dim=256, inter=128, quant="fp4", seed=3):
+    """Inputs for the stand-in's fused_moe: MXFP4 (or bf16) weights with unshuffled e8m0 scales."""
+    aiter, fm = _aiter()
+    g = torch.Generator().manual_seed(seed)
+    ids, w = _routing(M, E, topk, device, seed)
+    x = torch.randn(M, dim, generator=g).to(torch.bfloat16).to(device)
+    if quant == "bf16":
+        w1 = (torch.randn(E, 2 * inter, dim, generator=g) / dim**0.5).to(torch.bfloat16).to(device)
+        w2 = (torch.randn(E, dim, inter, generator=g) / inter**0.5).to(torch.bfloat16).to(device)
+        return dict(hidden_states=x, w1=w1, w2=w2, topk_weight=w, topk_ids=ids)
+    w1 = torch.randint(0, 256, (E, 2 * inter, dim // 2), generator=g, dtype=torch.uint8)
+    w2 = torch.randint(0, 256, (E, dim, inter // 2), generator=g, dtype=torch.uint8)
+    s1 = torch.randint(120, 124, (E, 2 * inter, dim // 32), generator=g, dtype=torch.uint8)
+    s2 = torch.randint(120, 124, (E, dim, inter // 32), generator=g, dtype=torch.uint8)
+    return dict(
+        hidden_states=x,
+        w1=w1.to(device).view(aiter.dtypes.fp4x2),
+        w2=w2.to(device).view(aiter.dtypes.fp4x2),
+        topk_weight=w,
+        topk_ids=ids,
+        quant_type=aiter.QuantType.per_1x32,
+        w1_scale=s1.to(device).view(aiter.dtypes.fp8_e8m0),
+        w2_scale=s2.to(device).view(aiter.dtypes.fp8_e8m0),
+    )
+
+
+def _whole_fused_moe_bitwise(device) -> list[str]:
+    _, fm = _aiter()
+    args = _stand_in_moe_inputs(device)
+    before = _fast_hits("moe_sort_mx_quant")
+    patched = fm.fused_moe(**args)
+    if _fast_hits("moe_sort_mx_quant") < before + 2:
+        return ["fused_moe: fast path not taken"]
+    with suspended():
+        original = fm.fused_moe(**args)
+    return [] if torch.equal(patched.view(torch.int16), original.view(torch.int16)) else ["fused_moe output differs"]
+
+
+def check_addend_fold(device) -> CheckResult:
+    aiter, fm = _aiter()
+    problems = []
+    M, E, topk, dim, block = 6, 16, 4, 256, 32
+    ids, w = _routing(M, E, topk, device)
+    addend = torch.randn(M, dim, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(device)
+    call = moe_call.MoeCall(hidden_states=None, arguments={})
+    call.addend = addend
+    before = _fast_hits("moe_addend_fold")
+    with moe_call.scope(call):
+        out = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+    T = int(out[3][1])
+    if call.addend_state != moe_call.FOLDED or not torch.equal(out[4][:T], addend[:T]):
+        problems.append(f"moe_buf does not start from the addend (state {call.addend_state})")
+    if _is_stand_in():
+        args = _stand_in_moe_inputs(device, quant="bf16")
+        add = torch.randn(args["topk_ids"].shape[0], args["w2"].shape[1],
+                          generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(device)
+        folded = fm.fused_moe(**args, moe_addend=add)
+        if _fast_hits("moe_addend_fold") <= before:
+            problems.append(f"fold not taken ({registry.stats()['moe_addend_fold']['fallback']})")
+        with suspended():
+            plain = fm.fused_moe(**args) + add
+        err = ((folded.float() - plain.float()).abs().max() / plain.float().abs().max().clamp_min(1e-6)).item()
+        if err > 1e-2:
+            problems.append(f"relative error {err:.3g} > 1e-2")
+    ok = not problems
+    return CheckResult("bound: rel. error <= 1e-2 vs fused_moe + addend", ok,
+                       "moe_buf starts from the addend; result within bound" if ok else "; ".join(problems))
+
+
+def check_gemm_out_zeroed(device) -> CheckResult:
+    aiter = sys.modules["aiter"]
+    gemm = sys.modules["aiter.ops.gemm_op_a8w8"].gemm_a8w8_blockscale_bpreshuffle_asm
+    from .reference.blockscale_gemm import shuffle_weight_16x16
+
+    fp8 = aiter.dtypes.fp8
+    g = torch.Generator().manual_seed(7)
+    M, N, K, split = 16, 256, 512, 2
+    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
+    B = (torch.randn(N, K, generator=g) * 2).to(fp8)
+    Bs = shuffle_weight_16x16(B).to(device)
+    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()  # K-major storage, [M, K/128] view
+    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
+    out_p = torch.zeros(M, N, dtype=torch.bfloat16, device=device)
+    before = _fast_hits("gemm_out_zeroed")
+    gemm(A, Bs, out_p, a_scale, b_scale, splitK=split, out_zeroed=True)
+    if _fast_hits("gemm_out_zeroed") <= before:
+        return CheckResult("bitwise", False, f"fast path not taken ({registry.stats()['gemm_out_zeroed']['fallback']})")
+    out_o = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
+    with suspended():
+        gemm(A, Bs, out_o, a_scale, b_scale, splitK=split)
+    ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
+    return CheckResult("bitwise", ok, f"split {split}: no-memset result equals memset + GEMM" if ok else "outputs differ")
+
+
+def check_sort_extension(device) -> CheckResult:
+    from .extensions import PrecomputedSort
+    from .patches.sort_extension import sort_extension
+
+    _, fm = _aiter()
+    M, E, topk, dim, block = 9, 16, 4, 128, 32
+    ids, w = _routing(M, E, topk, device)
+    with suspended():
+        original = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+    ext = PrecomputedSort(ids, original)
+    with sort_extension(ext):
+        taken = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+    problems = []
+    if ext.used != 1 or any(a is not b for a, b in zip(taken, original)):
+        problems.append("the extension's outputs were not the ones returned")
+    plain = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+    nv = int(original[3][0])
+    if not (torch.equal(plain[0][:nv], original[0][:nv]) and torch.equal(plain[3], original[3])):
+        problems.append("with no extension active the sort differs from AITER's")
+    ok = not problems
+    return CheckResult("bitwise", ok, "extension taken over; no extension: AITER's result" if ok else "; ".join(problems))

@@ -1,0 +1,39 @@
+"""A sort computed earlier (by a fused router kernel, say), handed to the sort AITER runs inside fused_moe.
+
+The extension takes over only the sort call whose ``topk_ids`` is the very
+tensor the layout was made from (storage address, shape, strides), once; any
+other call is declined and AITER (or the one-launch sort) runs as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..patches.moe_call import tensor_key
+from ..patches.sort_extension import SortCall, SortExtension
+
+log = logging.getLogger("aiter_patches")
+
+
+class PrecomputedSort(SortExtension):
+    def __init__(self, topk_ids, outputs: tuple, quant: tuple | None = None):
+        """``outputs``: AITER's five sort outputs for ``topk_ids``; ``quant``: optional stage-1 ``(data, scale)``."""
+        if len(outputs) != 5:
+            raise ValueError(f"outputs must be AITER's five sort outputs, got {len(outputs)} items")
+        self._key = tensor_key(topk_ids)
+        self._outputs = tuple(outputs)
+        self._quant = quant
+        self.used = 0
+
+    def sort(self, call: SortCall):
+        if self._outputs is None or tensor_key(call.arguments["topk_ids"]) != self._key:
+            return None
+        out = self._outputs if self._quant is None else (*self._outputs, self._quant)
+        self._outputs = self._quant = None  # once: a second layer must not reuse this layout
+        self.used += 1
+        return out
+
+    def close(self) -> None:
+        if self._outputs is not None:
+            log.debug("aiter_patches: PrecomputedSort discarded an unused sort layout at scope exit")
+        self._outputs = self._quant = None

@@ -1,0 +1,1 @@
+"""Replacement kernels (Triton) and their launchers. They take tensors and return tensors."""

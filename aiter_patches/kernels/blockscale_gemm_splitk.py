@@ -1,0 +1,274 @@
+"""Split-K block-scale fp8 GEMM (Triton) that needs no pre-zeroed output.
+
+AITER's asm block-scale GEMM splits K across workgroups that atomically add into
+`out`, so its launcher zeroes `out` with a memset launch before every split call.
+This kernel makes the memset optional and the result deterministic:
+
+* each split of an output tile writes its fp32 partial to a workspace;
+* the last split to arrive (an atomic per-tile counter, acq_rel at GPU scope) sums
+  the partials in split order 0..S-1, adds `out`'s current value once, rounds to
+  bf16 and stores; it then resets the counter to 0 for the next launch.
+
+So the bits depend only on the inputs and the split count, never on scheduling,
+and "memset + GEMM" equals "GEMM into an output the caller already zeroed" bit for
+bit. The counters need zeroing once per (device, stream) (cached here); the
+workspace is a per-call `torch.empty`, which is safe under CUDA-graph capture.
+
+Operand layouts are AITER's: A fp8 [M, K] (row stride free, K contiguous); B fp8
+[N, K], contiguous, either plain or pre-shuffled by AITER's `shuffle_weight(B, (16, 16))`;
+A_scale fp32, the logical [M, K/128] tensor read through its strides (AITER stores
+it K-major: strides (1, M)); B_scale fp32 [N/128, K/128] read through its strides;
+out bf16 [M, N] with unit column stride. A split covers whole 128-wide K tiles and
+the split count must pass AITER's own alignment check (`valid_split`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+SCALE_BLOCK = 128
+FP8_DTYPES = tuple(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
+)
+MAX_SPLITS = 16
+
+
+@triton.jit
+def _blockscale_gemm_kernel(
+    a_ptr, b_ptr, out_ptr, as_ptr, bs_ptr, ws_ptr, cnt_ptr,
+    M, N, K_TILES, KT_PER_SPLIT, SPLIT_STRIDE,
+    stride_am, stride_om, stride_asm, stride_ask, stride_bsn, stride_bsk,
+    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    B_PRESHUFFLED: tl.constexpr, ACCUMULATE: tl.constexpr,
+):
+    BLOCK_K: tl.constexpr = 128
+    pid_ns = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_n = pid_ns // SPLITS
+    split = pid_ns % SPLITS
+    kb_start = split * KT_PER_SPLIT
+    kb_end = tl.minimum(kb_start + KT_PER_SPLIT, K_TILES)
+    K = K_TILES * BLOCK_K
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + (kb_start * BLOCK_K + offs_k)[None, :]
+    if B_PRESHUFFLED:
+        # A group of 16 weight rows is one contiguous run of 16*K bytes; one 128-wide
+        # K tile of that group is 16*128 consecutive bytes of it.
+        offs_g = pid_n * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
+        offs_run = kb_start * (BLOCK_K * 16) + tl.arange(0, BLOCK_K * 16)
+        b_ptrs = b_ptr + offs_g[:, None].to(tl.int64) * (K * 16) + offs_run[None, :]
+        b_step = BLOCK_K * 16
+    else:
+        b_ptrs = b_ptr + offs_n[None, :].to(tl.int64) * K + (kb_start * BLOCK_K + offs_k)[:, None]
+        b_step = BLOCK_K
+    as_ptrs = as_ptr + offs_m * stride_asm + kb_start * stride_ask
+    bs_ptrs = bs_ptr + (pid_n * BLOCK_N // 128) * stride_bsn + kb_start * stride_bsk
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(kb_start, kb_end):
+        a = tl.load(a_ptrs, mask=m_mask[:, None], other=0.0)
+        b = tl.load(b_ptrs)
+        if B_PRESHUFFLED:
+            # (n0, k0, khalf, n_lo, k_lo) -> (k0, khalf, k_lo, n0, n_lo) = [K, N]
+            b = b.reshape(BLOCK_N // 16, BLOCK_K // 32, 2, 16, 16).permute(1, 2, 4, 0, 3)
+            b = b.reshape(BLOCK_K, BLOCK_N)
+        sa = tl.load(as_ptrs, mask=m_mask, other=0.0)
+        sb = tl.load(bs_ptrs)
+        acc += tl.dot(a, b) * (sa * sb)[:, None]
+        a_ptrs += BLOCK_K
+        b_ptrs += b_step
+        as_ptrs += stride_ask
+        bs_ptrs += stride_bsk
+
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    if SPLITS == 1:
+        if ACCUMULATE:
+            acc += tl.load(out_ptrs, mask=m_mask[:, None], other=0.0).to(tl.float32)
+        tl.store(out_ptrs, acc.to(tl.bfloat16), mask=m_mask[:, None])
+    else:
+        ws_rows = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        split_stride = SPLIT_STRIDE.to(tl.int64)
+        tl.store(ws_ptr + split * split_stride + ws_rows, acc, mask=m_mask[:, None])
+        # Every thread's partial is written before one thread publishes the arrival.
+        tl.debug_barrier()
+        tile = pid_m * (N // BLOCK_N) + pid_n
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            total = tl.load(ws_ptr + ws_rows, mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLITS):
+                total += tl.load(ws_ptr + s * split_stride + ws_rows, mask=m_mask[:, None], other=0.0,
+                                 cache_modifier=".cg")
+            if ACCUMULATE:
+                total += tl.load(out_ptrs, mask=m_mask[:, None], other=0.0).to(tl.float32)
+            tl.store(out_ptrs, total.to(tl.bfloat16), mask=m_mask[:, None])
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+def k_tiles_per_split(K: int, splits: int) -> int:
+    """128-wide K tiles per split under AITER's rule (the last split takes the rest)."""
+    return math.ceil(math.ceil(K / splits) / SCALE_BLOCK)
+
+
+def valid_split(K: int, splits: int) -> bool:
+    """AITER's alignment check: rounding each split up to whole K tiles keeps `splits` splits."""
+    if splits < 1:
+        return False
+    per = k_tiles_per_split(K, splits) * SCALE_BLOCK
+    return math.ceil(K / per) == splits
+
+
+def choose_splitk(M: int, N: int, K: int, tile_m: int, tile_n: int, tile_k: int, cu_num: int) -> int:
+    """AITER's split heuristic (`compute_gemm_SplitK`) as a split count.
+
+    AITER doubles the split while every tile still gets at least twice as many CUs and
+    the doubled split times `tile_k` stays below 2K; it returns the exponent (its CK
+    kernels use KBatch = 2**exponent). Here: 2**exponent, lowered to the largest count
+    that passes AITER's alignment check for the asm kernel (`valid_split`).
+    """
+    tiles = math.ceil(M / tile_m) * math.ceil(N / tile_n)
+    cus_per_tile = cu_num / tiles
+    exp = 0
+    while cus_per_tile >= 2 ** (exp + 1) and 2 ** (exp + 1) * tile_k < 2 * K:
+        exp += 1
+    count = 2**exp
+    while count > 1 and not valid_split(K, count):
+        count -= 1
+    return count
+
+
+def block_config(M: int) -> dict:
+    """Tile shape and launch options by M (K tile is always 128, the scale block)."""
+    if M <= 16:
+        return dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=4)
+    if M <= 32:
+        return dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4)
+    if M <= 64:
+        return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
+
+
+def choose_splits_triton(M: int, N: int, K: int, num_sms: int) -> int:
+    """Default split count for this kernel: fill the GPU about twice, keep >= 4 K tiles a split."""
+    cfg = block_config(M)
+    tiles = math.ceil(M / cfg["BLOCK_M"]) * (N // cfg["BLOCK_N"])
+    k_tiles = K // SCALE_BLOCK
+    best = 1
+    for s in range(2, MAX_SPLITS + 1):
+        if tiles * (s - 1) >= 2 * num_sms or math.ceil(k_tiles / s) < 4:
+            break
+        if valid_split(K, s):
+            best = s
+    return best
+
+
+def unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled) -> str | None:
+    """Why this kernel cannot take these arguments, or None. Reads metadata only (graph-safe)."""
+    tensors = {"A": A, "B": B, "out": out, "A_scale": A_scale, "B_scale": B_scale}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is not a tensor"
+        if t.dim() != 2:
+            return f"{name} must be 2-D, got {t.dim()}-D"
+    if any(t.device != A.device for t in tensors.values()):
+        return "tensors are on different devices"
+    if A.dtype not in FP8_DTYPES or B.dtype != A.dtype:
+        return f"A and B must share an fp8 e4m3 dtype, got {A.dtype} and {B.dtype}"
+    if out.dtype != torch.bfloat16:
+        return f"out must be bfloat16, got {out.dtype}"
+    if A_scale.dtype != torch.float32 or B_scale.dtype != torch.float32:
+        return f"scales must be float32, got {A_scale.dtype} and {B_scale.dtype}"
+    M, K = A.shape
+    N = B.shape[0]
+    if B.shape[1] != K:
+        return f"B is {tuple(B.shape)}, A is {tuple(A.shape)}: K differs"
+    if N % SCALE_BLOCK or K % SCALE_BLOCK:
+        return f"N={N} and K={K} must be multiples of {SCALE_BLOCK}"
+    if tuple(out.shape) != (M, N):
+        return f"out is {tuple(out.shape)}, expected {(M, N)}"
+    if tuple(A_scale.shape) != (M, K // SCALE_BLOCK):
+        return f"A_scale is {tuple(A_scale.shape)}, expected {(M, K // SCALE_BLOCK)}"
+    if tuple(B_scale.shape) != (N // SCALE_BLOCK, K // SCALE_BLOCK):
+        return f"B_scale is {tuple(B_scale.shape)}, expected {(N // SCALE_BLOCK, K // SCALE_BLOCK)}"
+    if M > 0 and A.stride(1) != 1:
+        return "A must have unit stride along K"
+    if not B.is_contiguous():
+        return "B must be contiguous"
+    if M > 0 and out.stride(1) != 1:
+        return "out must have unit stride along N"
+    if not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= MAX_SPLITS:
+        return f"splits must be an int in 1..{MAX_SPLITS}, got {splits!r}"
+    if not valid_split(K, splits):
+        return f"splits={splits} does not cut K={K} into {splits} runs of whole {SCALE_BLOCK}-wide tiles"
+    if b_preshuffled not in (True, False):
+        return f"b_preshuffled must be a bool, got {b_preshuffled!r}"
+    return None
+
+
+_counters: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+
+def _stream_key(device: torch.device) -> tuple[int, int]:
+    if device.type == "cuda":
+        return device.index if device.index is not None else torch.cuda.current_device(), \
+            torch.cuda.current_stream(device).cuda_stream
+    return -1, 0
+
+
+def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters, one per output tile, kept zero by the kernel itself.
+
+    One buffer per (device, stream) so concurrent streams never share a counter. A
+    larger request allocates a new buffer; the old ones stay alive because captured
+    CUDA graphs may still point at them.
+    """
+    bufs = _counters.setdefault(_stream_key(device), [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 4096, 2 * bufs[-1].numel() if bufs else 0), dtype=torch.int32,
+                                device=device))
+    return bufs[-1]
+
+
+def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshuffled: bool = True,
+                           zero_out: bool = True) -> torch.Tensor:
+    """out (bf16 [M, N]) <- block-scaled A @ B^T, K cut into `splits` runs.
+
+    zero_out=True: AITER's behaviour, the result overwrites `out` (a memset launch
+    first when splits > 1, as AITER's launcher does). zero_out=False: no memset; the
+    result is added onto `out` as given, so a caller that already zeroed `out` gets
+    the same bits as zero_out=True.
+    """
+    reason = unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled)
+    if reason is not None:
+        raise ValueError(f"blockscale_gemm_splitk: {reason}")
+    M, K = A.shape
+    N = B.shape[0]
+    if M == 0:
+        return out
+    cfg = block_config(M)
+    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    grid = ((N // block_n) * splits, triton.cdiv(M, block_m))
+    if splits > 1:
+        if zero_out:
+            out.zero_()
+        ws = torch.empty(splits * M * N, dtype=torch.float32, device=A.device)
+        cnt = _tile_counters(A.device, grid[1] * (N // block_n))
+    else:
+        ws = cnt = out  # unused by the kernel when SPLITS == 1
+    _blockscale_gemm_kernel[grid](
+        A, B, out, A_scale, B_scale, ws, cnt,
+        M, N, K // SCALE_BLOCK, k_tiles_per_split(K, splits), M * N,
+        A.stride(0), out.stride(0), A_scale.stride(0), A_scale.stride(1), B_scale.stride(0), B_scale.stride(1),
+        SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
+        B_PRESHUFFLED=bool(b_preshuffled), ACCUMULATE=bool(splits > 1 or not zero_out),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out

@@ -1,0 +1,305 @@
+"""Launch AITER's own block-scale fp8 GEMM code object (`.co`) without AITER's memset.
+
+AITER's C++ launcher (`asm_a8w8_blockscale_bpreshuffle.cu`) zeroes `out` with
+`hipMemsetAsync` before every split-K launch, because the kernel's splits add into
+`out` atomically. A caller that already holds a zeroed `out` pays for that memset
+anyway. This module launches the very same kernel through the HIP runtime that torch
+has loaded (ctypes: `hipModuleLoad`, `hipModuleGetFunction`, `hipModuleLaunchKernel`
+with a packed argument buffer) and does NOT zero `out`: with split > 1 the caller
+must hand in zeros; with split 1 the kernel overwrites `out`.
+
+It mirrors AITER's launcher step by step, in pure functions testable on any CPU:
+the kernel list (`fp8gemm_bf16_blockscale.csv`), the tile/split choice, the split
+alignment check, the 16-byte-slot argument struct and the grid. Only `AsmLauncher`
+and `gemm_a8w8_blockscale_asm` touch the GPU; they need ROCm on gfx942/gfx950 and an
+AITER tree with `hsa/<gfx>/fp8gemm_blockscale/`. They cannot run on the CUDA/CPU
+machines this project is developed on: only the pure parts are tested here.
+
+The asm kernel reads A_scale as raw K-major memory (`ptr[kb * M + m]`), whatever
+the tensor's strides say, exactly as AITER's launcher passes it.
+"""
+
+from __future__ import annotations
+
+import csv
+import ctypes
+import ctypes.util
+import io
+import math
+import os
+import struct
+import threading
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_GFX = ("gfx942", "gfx950")
+KERNEL_DIR = "fp8gemm_blockscale"
+KERNEL_CSV = "fp8gemm_bf16_blockscale.csv"
+TILE_K = 128
+SCALE_BLOCK_N = 128
+SCALE_BLOCK_K = 128
+BLOCK_THREADS = 256
+ARGS_SIZE = 16 * 16
+
+HIP_LAUNCH_PARAM_BUFFER_POINTER = 0x01
+HIP_LAUNCH_PARAM_BUFFER_SIZE = 0x02
+HIP_LAUNCH_PARAM_END = 0x03
+
+
+@dataclass(frozen=True)
+class AsmKernel:
+    """One row of AITER's kernel list."""
+
+    tile_m: int
+    tile_n: int
+    splitK: int  # 1: the kernel supports split-K (and AITER zeroes out before a split launch)
+    bpreshuffle: int
+    knl_name: str
+    co_name: str
+
+
+def kernel_dir(aiter_root: str, gfx: str) -> str:
+    return os.path.join(aiter_root, "hsa", gfx, KERNEL_DIR)
+
+
+def parse_kernel_csv(text: str) -> list[AsmKernel]:
+    """Rows of `fp8gemm_bf16_blockscale.csv` in file order; blank and comment lines skipped."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "//", ";"))]
+    rows = []
+    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
+        rows.append(AsmKernel(
+            tile_m=int(rec["tile_m"]), tile_n=int(rec["tile_n"]), splitK=int(rec["splitK"]),
+            bpreshuffle=int(rec["bpreshuffle"]), knl_name=rec["knl_name"].strip(), co_name=rec["co_name"].strip(),
+        ))
+    return rows
+
+
+def load_kernel_list(aiter_root: str, gfx: str) -> list[AsmKernel]:
+    with open(os.path.join(kernel_dir(aiter_root, gfx), KERNEL_CSV), encoding="utf-8-sig") as f:
+        return parse_kernel_csv(f.read())
+
+
+def _heuristic(M: int, N: int, kernels: list[AsmKernel], cu_num: int, split: int, bpreshuffle: bool) -> AsmKernel:
+    """AITER's `get_heuristic_fp8_kernel` for one split count.
+
+    AITER first sets `k_split = k_split.value_or(0) ?: 1`, so its "try splits 1..16"
+    branch is dead: only the given split (1 when none) is ever evaluated. The fewest
+    rounds of workgroups over the CUs wins; within a round, fewer idle CUs or a
+    better `tile_m*tile_n/(tile_m+tile_n)` (integer division) replaces the pick.
+    AITER walks an unordered_map, whose order is the C++ library's; this walks the
+    CSV order, which can differ only where that comparison is not transitive.
+    """
+    best, best_round, best_empty, best_effi = None, 0xFFFFFFFF, cu_num, 1.0
+    for cfg in kernels:
+        if cfg.bpreshuffle != int(bpreshuffle) or cfg.splitK < 1 or N % cfg.tile_n:
+            continue
+        tg = math.ceil(M / cfg.tile_m) * math.ceil(N / cfg.tile_n) * split
+        rnd = math.ceil(tg / cu_num)
+        effi = float(cfg.tile_m * cfg.tile_n // (cfg.tile_m + cfg.tile_n))
+        empty = rnd * cu_num - tg
+        if rnd < best_round or (rnd == best_round and (best_empty > empty or effi > best_effi)):
+            best, best_round, best_empty, best_effi = cfg, rnd, empty, effi
+    if best is None:
+        raise ValueError(f"no asm kernel fits N={N} (bpreshuffle={bpreshuffle})")
+    return best
+
+
+def aligned_split(K: int, split: int) -> int:
+    """The split count AITER's tile alignment yields: each split rounded up to whole 128-wide K tiles."""
+    per = math.ceil(math.ceil(K / split) / TILE_K) * TILE_K
+    return math.ceil(K / per)
+
+
+def select_kernel(M: int, N: int, K: int, kernels: list[AsmKernel], cu_num: int, splitK: int | None = None,
+                  kernelName: str | None = None, bpreshuffle: bool = True) -> tuple[AsmKernel, int]:
+    """(kernel, split) as AITER's launcher picks them, with its split checks.
+
+    `splitK` None or negative means "not given": AITER then runs split 1. An explicit
+    split that AITER's alignment would change raises ValueError, as AITER does.
+    """
+    explicit = splitK is not None and splitK >= 0
+    split = (splitK or 1) if explicit else 1
+    if kernelName:
+        matches = [k for k in kernels if k.knl_name == kernelName]
+        if not matches:
+            raise ValueError(f"not find kernel {kernelName}")
+        cfg = matches[0]
+    else:
+        cfg = _heuristic(M, N, kernels, cu_num, split, bpreshuffle)
+    if cfg.splitK == 1 and split > 0:
+        actual = aligned_split(K, split)
+        if actual != split:
+            if explicit:
+                raise ValueError(f"Kdim alignment check failed for splitK! Kdim={K}, splitK={split}, "
+                                 f"actual_ksplit={actual}")
+            split = actual
+        per = math.ceil(math.ceil(K / split) / TILE_K) * TILE_K
+        if not (K % per == 0 or K // per == split - 1):
+            raise ValueError(f"Kdim alignment check failed for splitK! Kdim={K}, splitK={split}")
+    return cfg, split
+
+
+def launch_grid(M: int, N: int, tile_m: int, tile_n: int, split: int) -> tuple[int, int, int]:
+    """Workgroups: (N/tile_n * split, ceil(M/tile_m), 1); each has BLOCK_THREADS threads."""
+    return (N // tile_n) * split, math.ceil(M / tile_m), 1
+
+
+def pack_kernel_args(ptr_c: int, ptr_a: int, ptr_b: int, ptr_a_scale: int, ptr_b_scale: int, ptr_bias: int,
+                     m: int, n: int, k: int, lda: int, ldb: int, ldc: int, ks: int,
+                     scale_m: int, scale_n: int, scale_k: int) -> bytes:
+    """AITER's packed `KernelArgs`: 6 pointers then 10 uint32, each alone in a 16-byte slot (padding zeroed)."""
+    ptrs = (ptr_c, ptr_a, ptr_b, ptr_a_scale, ptr_b_scale, ptr_bias)
+    ints = (m, n, k, lda, ldb, ldc, ks, scale_m, scale_n, scale_k)
+    buf = b"".join(struct.pack("<Q8x", p) for p in ptrs) + b"".join(struct.pack("<I12x", v) for v in ints)
+    assert len(buf) == ARGS_SIZE
+    return buf
+
+
+def kernel_args(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale: torch.Tensor,
+                B_scale: torch.Tensor, bias: torch.Tensor, split: int) -> bytes:
+    """The argument buffer AITER's launcher builds for these tensors (strides in elements; ldc in bytes)."""
+    M, K = A.shape
+    N = out.shape[1]
+    return pack_kernel_args(
+        out.data_ptr(), A.data_ptr(), B.data_ptr(), A_scale.data_ptr(), B_scale.data_ptr(), bias.data_ptr(),
+        M, N, K, A.stride(0), B.stride(0), out.stride(0) * out.element_size(), split,
+        M, math.ceil(N / SCALE_BLOCK_N), math.ceil(K / SCALE_BLOCK_K),
+    )
+
+
+def gfx_of(device: torch.device) -> str | None:
+    props = torch.cuda.get_device_properties(device)
+    name = getattr(props, "gcnArchName", "") or ""
+    return name.split(":")[0] or None
+
+
+def available(device, aiter_root: str | None) -> str | None:
+    """Why the asm kernel cannot be launched here, or None."""
+    if torch.version.hip is None:
+        return "torch is not a ROCm build"
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"{device} is not a ROCm GPU"
+    gfx = gfx_of(device)
+    if gfx not in SUPPORTED_GFX:
+        return f"GPU arch {gfx} is not one of {SUPPORTED_GFX}"
+    if not aiter_root:
+        return "no AITER tree given"
+    path = os.path.join(kernel_dir(aiter_root, gfx), KERNEL_CSV)
+    if not os.path.isfile(path):
+        return f"no kernel list at {path}"
+    missing = [k.co_name for k in load_kernel_list(aiter_root, gfx)
+               if not os.path.isfile(os.path.join(kernel_dir(aiter_root, gfx), k.co_name))]
+    if missing:
+        return f"code objects missing: {', '.join(missing)}"
+    if _find_hip_library() is None:
+        return "libamdhip64 not found"
+    return None
+
+
+def _find_hip_library() -> str | None:
+    """The libamdhip64 torch already mapped into this process, else the loader's choice."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            for line in f:
+                path = line.rstrip("\n").split(" ")[-1]
+                if "libamdhip64.so" in os.path.basename(path):
+                    return path
+    except OSError:
+        pass
+    return ctypes.util.find_library("amdhip64")
+
+
+class AsmLauncher:
+    """ctypes over the HIP runtime: loads each `.co` once per device, launches it on torch's current stream."""
+
+    def __init__(self) -> None:
+        path = _find_hip_library()
+        if path is None:
+            raise RuntimeError("libamdhip64 not found")
+        hip = ctypes.CDLL(path)
+        hip.hipModuleLoad.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+        hip.hipModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+        hip.hipModuleLaunchKernel.argtypes = [
+            ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+            ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ]
+        hip.hipGetErrorString.restype = ctypes.c_char_p
+        self._hip = hip
+        self._functions: dict[tuple[int, str, str], ctypes.c_void_p] = {}
+        self._lock = threading.Lock()
+
+    def _check(self, err: int, what: str) -> None:
+        if err != 0:
+            raise RuntimeError(f"{what} failed: {self._hip.hipGetErrorString(err).decode()} ({err})")
+
+    def function(self, device_index: int, co_path: str, knl_name: str) -> ctypes.c_void_p:
+        key = (device_index, co_path, knl_name)
+        with self._lock:
+            fn = self._functions.get(key)
+            if fn is None:
+                module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+                with torch.cuda.device(device_index):
+                    self._check(self._hip.hipModuleLoad(ctypes.byref(module), co_path.encode()), "hipModuleLoad")
+                    self._check(self._hip.hipModuleGetFunction(ctypes.byref(fn), module, knl_name.encode()),
+                                "hipModuleGetFunction")
+                self._functions[key] = fn
+            return fn
+
+    def launch(self, fn: ctypes.c_void_p, grid: tuple[int, int, int], args: bytes, stream: int) -> None:
+        arg_buf = ctypes.create_string_buffer(args, len(args))
+        arg_size = ctypes.c_size_t(len(args))
+        extra = (ctypes.c_void_p * 5)(
+            HIP_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(arg_buf),
+            HIP_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(arg_size),
+            HIP_LAUNCH_PARAM_END,
+        )
+        err = self._hip.hipModuleLaunchKernel(fn, grid[0], grid[1], grid[2], BLOCK_THREADS, 1, 1, 0,
+                                              ctypes.c_void_p(stream), None, extra)
+        self._check(err, "hipModuleLaunchKernel")
+
+
+_launcher: AsmLauncher | None = None
+_zero_bias: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _get_launcher() -> AsmLauncher:
+    global _launcher
+    if _launcher is None:
+        _launcher = AsmLauncher()
+    return _launcher
+
+
+def gemm_a8w8_blockscale_asm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale: torch.Tensor,
+                             B_scale: torch.Tensor, *, aiter_root: str, bias: torch.Tensor | None = None,
+                             splitK: int | None = None, kernelName: str | None = None, bpreshuffle: bool = True,
+                             cu_num: int | None = None) -> torch.Tensor:
+    """AITER's asm block-scale GEMM, minus the memset: `out` must be zeros when the chosen split is > 1.
+
+    ROCm gfx942/gfx950 only; check `available(A.device, aiter_root)` first.
+    """
+    reason = available(A.device, aiter_root)
+    if reason is not None:
+        raise RuntimeError(reason)
+    M, K = A.shape
+    N = out.shape[1]
+    if out.dtype != torch.bfloat16 or A.element_size() != 1 or B.element_size() != 1:
+        raise ValueError(f"need fp8 A and B and a bf16 out, got {A.dtype}, {B.dtype}, {out.dtype}")
+    if B.shape[0] != N or N % SCALE_BLOCK_N or K % TILE_K:
+        raise ValueError(f"N={N} (B has {B.shape[0]} rows) and K={K} must be multiples of 128")
+    gfx = gfx_of(A.device)
+    kernels = load_kernel_list(aiter_root, gfx)
+    cu_num = cu_num or torch.cuda.get_device_properties(A.device).multi_processor_count
+    cfg, split = select_kernel(M, N, K, kernels, cu_num, splitK, kernelName, bpreshuffle)
+    if bias is None:
+        key = (A.device.index, N)
+        bias = _zero_bias.get(key)
+        if bias is None:
+            bias = _zero_bias[key] = torch.zeros(1, N, dtype=torch.float32, device=A.device)
+    launcher = _get_launcher()
+    fn = launcher.function(A.device.index, os.path.join(kernel_dir(aiter_root, gfx), cfg.co_name), cfg.knl_name)
+    args = kernel_args(A, B, out, A_scale, B_scale, bias, split)
+    launcher.launch(fn, launch_grid(M, N, cfg.tile_m, cfg.tile_n, split), args,
+                    torch.cuda.current_stream(A.device).cuda_stream)
+    return out

@@ -1,0 +1,480 @@
+"""MoE sort + moe_buf fill + stage-1 MX quant in one Triton launch (three for large batches).
+
+Why: at decode sizes AITER spends a sort launch (two below 2048 tokens), a zero-fill inside it
+and one or two quant launches on a few hundred bytes of routing data. Here one grid does it all:
+program ``t`` owns token ``t``. It histograms all routing pairs (cheap: at most 16384 ids, read
+from L2) to get every expert's padded segment start, ranks its own ``topk`` pairs among the
+pairs before them, and writes their ``sorted_ids``/``sorted_weights``/``sorted_expert_ids``
+entries, the e8m0 scale bytes of its row at the swizzled sorted-row addresses, its quantized
+data row and its ``moe_buf`` row. No program waits for another. The padding entries are
+written by all programs, one padding slot index ``j`` each in turn.
+
+Large batches (``tokens * topk > ONE_LAUNCH_MAX_PAIRS``) add two small launches before the same
+kernel: per-chunk expert histograms, then a scan over chunks, so each program reads only its
+chunk's prefix.
+
+Semantics are those of ``aiter_patches.reference.moe_sorting`` and ``...reference.mx_quant``
+(out-of-range expert ids dropped, ``num_local_tokens`` read on the device and clamped to
+``[0, M]``). ``moe_buf`` rows ``< T`` are zeroed (or take ``moe_buf_init``'s rows), rows past
+``T`` are untouched. Quant semantics (``quant_semantics``): "fused" = AITER's fused stage-1
+kernel (zero-weight pairs get scale 0 and, when all of a token's pairs have weight 0, a zero
+data row; with ``T < M`` the padding rows get scale 0 and data row ``T`` is zeroed), "split" =
+AITER's split path (every real pair gets its token's scales); "auto" picks like AITER does
+(fused when ``M * topk <= 2048``).
+
+Everything is integer arithmetic on fp32 bit patterns, so results are bit-exact on NVIDIA,
+AMD and the Triton interpreter. The launch path never syncs: no ``.item()``, only
+``torch.empty`` allocations, so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+ONE_LAUNCH_MAX_PAIRS = 16384
+MAX_EXPERTS = 4096
+MAX_TOPK = 64
+MAX_MODEL_DIM = 32768
+INT32_LIMIT = 2**31 - 1
+CHUNK_TOKENS = 64  # tokens per histogram chunk of the multi-launch path
+
+_FP_FORMATS = {
+    # integer description of each element format: mantissa bits, min normal exponent, max
+    # magnitude code, NaN byte (-1: none, saturate), whether -0 keeps its sign, sign bit,
+    # fp32 bits of 1 / max_pos (AITER's constant)
+    torch.float4_e2m1fn_x2: dict(FP4=True, MB=1, EMIN=0, MAXC=0x7, NANC=-1, SIGNED_ZERO=True,
+                                 SIGN_SHIFT=3, INV_MAX_BITS=0x3E2AAAAB),
+    torch.float8_e4m3fn: dict(FP4=False, MB=3, EMIN=-6, MAXC=0x7E, NANC=0x7F, SIGNED_ZERO=True,
+                              SIGN_SHIFT=7, INV_MAX_BITS=0x3B124925),
+    torch.float8_e4m3fnuz: dict(FP4=False, MB=3, EMIN=-7, MAXC=0x7F, NANC=0x80, SIGNED_ZERO=False,
+                                SIGN_SHIFT=7, INV_MAX_BITS=0x3B888889),
+}
+_AMAX_FLOOR_BITS = struct.unpack("<I", struct.pack("<f", 1e-10))[0]
+_empty = torch.empty  # every output allocation goes through here (tests poison it)
+_MOE_BUF_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_INPUT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class SortQuantResult(NamedTuple):
+    sorted_ids: torch.Tensor
+    sorted_weights: torch.Tensor
+    sorted_expert_ids: torch.Tensor
+    num_valid_ids: torch.Tensor
+    moe_buf: torch.Tensor
+    quant: tuple[torch.Tensor, torch.Tensor] | None
+
+
+@triton.jit
+def _swizzle(row, group, SNP: tl.constexpr):
+    return ((row // 32) * (SNP * 32) + (group // 8) * 256 + (group % 4) * 64
+            + (row % 16) * 4 + ((group % 8) // 4) * 2 + (row % 32) // 16)
+
+
+@triton.jit
+def _token_count(nlt_ptr, M, HAS_NLT: tl.constexpr):
+    if HAS_NLT:
+        T = tl.minimum(tl.maximum(tl.load(nlt_ptr), 0), M)
+    else:
+        T = M
+    return T
+
+
+@triton.jit
+def _expert_bins(ids_ptr, mask_ptr, p, n_pairs, E, E_BINS: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Expert id of pairs ``p`` or the dummy bin ``E_BINS - 1`` (>= E) for dropped pairs."""
+    live = p < n_pairs
+    e = tl.load(ids_ptr + p, mask=live, other=-1)
+    keep = live & (e >= 0) & (e < E)
+    if HAS_MASK:
+        keep = keep & (tl.load(mask_ptr + e, mask=keep, other=0) != 0)
+    return tl.where(keep, e, E_BINS - 1), keep
+
+
+@triton.jit
+def _mx_quant_row(x_row_ptr, G, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr,
+                  NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+                  INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr):
+    """Scale bytes ``[G_PAD]`` and element codes ``[G_PAD, 32]`` (int32, sign included)."""
+    gi = tl.arange(0, G_PAD)[:, None]
+    ei = tl.arange(0, 32)[None, :]
+    x = tl.load(x_row_ptr + gi * 32 + ei, mask=gi < G, other=0.0).to(tl.float32)
+    bits = x.to(tl.int32, bitcast=True)
+    abits = bits & 0x7FFFFFFF
+    amax_bits = tl.max(abits, axis=1)
+    nonfinite = amax_bits >= 0x7F800000
+    amax = tl.maximum(amax_bits, FLOOR_BITS).to(tl.float32, bitcast=True)
+    inv = tl.full([G_PAD], INV_MAX_BITS, tl.int32).to(tl.float32, bitcast=True)
+    u = (amax * inv).to(tl.int32, bitcast=True)
+    s = (u >> 23) & 0xFF
+    s = tl.where(((u & 0x7FFFFF) != 0) & (s < 0xFF), s + 1, s)
+    s = tl.where(nonfinite, 0xFF, s)
+
+    sign = (bits >> 31) & 1
+    biased = (abits >> 23) & 0xFF
+    mant = abits & 0x7FFFFF
+    sig = tl.where(biased > 0, mant | 0x800000, mant)
+    exp_q = tl.maximum(biased, 1) - s[:, None]
+    shift = tl.minimum(tl.maximum(exp_q, EMIN) - MB - exp_q + 23, 30)
+    n = sig >> shift
+    rem = sig & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    n = n + ((rem > half) | ((rem == half) & ((n & 1) == 1))).to(tl.int32)
+    code = tl.where(exp_q >= EMIN, ((exp_q - EMIN + 1) << MB) + n - (1 << MB), n)
+    code = tl.minimum(code, MAXC)
+    code = tl.where(biased == 0xFF, MAXC, code)
+    if SIGNED_ZERO:
+        code = code | (sign << SIGN_SHIFT)
+    else:
+        code = tl.where(code == 0, code, code | (sign << SIGN_SHIFT))
+    if NANC >= 0:
+        code = tl.where((biased == 0xFF) & (mant != 0), NANC, code)
+    return s, code
+
+
+@triton.jit
+def _store_data_row(q_row_ptr, code, G, FP4: tl.constexpr, G_PAD: tl.constexpr):
+    gi = tl.arange(0, G_PAD)[:, None]
+    if FP4:
+        lo, hi = tl.split(tl.reshape(code, [G_PAD, 16, 2]))
+        packed = (lo | (hi << 4)).to(tl.uint8)
+        bi = tl.arange(0, 16)[None, :]
+        tl.store(q_row_ptr + gi * 16 + bi, packed, mask=gi < G)
+    else:
+        ei = tl.arange(0, 32)[None, :]
+        tl.store(q_row_ptr + gi * 32 + ei, code.to(tl.uint8), mask=gi < G)
+
+
+@triton.jit
+def _sort_quant_kernel(
+    ids_ptr, w_ptr, mask_ptr, nlt_ptr,
+    sid_ptr, sw_ptr, seid_ptr, nv_ptr,
+    x_ptr, x_stride, q_ptr, s_ptr,
+    buf_ptr, init_ptr, init_stride,
+    pre_ptr, tot_ptr,
+    M, E, D, G,
+    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    E_BINS: tl.constexpr, PAIR_CHUNK: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr,
+    QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr,
+    MAXC: tl.constexpr, NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+    INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr,
+    G_PAD: tl.constexpr, SNP: tl.constexpr, FUSED: tl.constexpr,
+    BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr,
+    PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr,
+):
+    t = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    T = _token_count(nlt_ptr, M, HAS_NLT)
+    P = T * K
+    my_first = t * K
+    bins = tl.arange(0, E_BINS)
+
+    # per-expert pair counts, and counts of the pairs before this token's
+    if PRESCANNED:
+        chunk = t // CHUNK_T
+        cnt = tl.load(tot_ptr + bins)
+        before = tl.load(pre_ptr + chunk * E_BINS + bins)
+        scan_lo = chunk * CHUNK_T * K
+        scan_hi = tl.minimum(my_first, P)
+    else:
+        cnt = tl.zeros([E_BINS], tl.int32)
+        before = tl.zeros([E_BINS], tl.int32)
+        scan_lo = 0
+        scan_hi = P
+    for c in range(scan_lo, scan_hi, PAIR_CHUNK):
+        p = c + tl.arange(0, PAIR_CHUNK)
+        eb, keep = _expert_bins(ids_ptr, mask_ptr, p, scan_hi, E, E_BINS, HAS_MASK)
+        if not PRESCANNED:
+            cnt += tl.histogram(eb, E_BINS)
+        before += tl.histogram(tl.where(p < my_first, eb, E_BINS - 1), E_BINS)
+    real = bins < E
+    cnt = tl.where(real, cnt, 0)
+    before = tl.where(real, before, 0)
+    padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
+    seg_start = tl.cumsum(padded, 0) - padded
+    if HAS_MASK:
+        mvals = tl.load(mask_ptr + bins, mask=real, other=0)
+        local_id = tl.cumsum(mvals, 0) - mvals
+    else:
+        local_id = bins
+
+    # this token's pairs: position = segment start + earlier pairs of the same expert
+    slot = tl.arange(0, K_PAD)
+    q = my_first + slot
+    mine_hi = tl.where(t < T, my_first + K, 0)
+    eq, keep_q = _expert_bins(ids_ptr, mask_ptr, q, mine_hi, E, E_BINS, HAS_MASK)
+    keep_q = keep_q & (slot < K)
+    onehot = eq[:, None] == bins[None, :]
+    base = tl.sum(tl.where(onehot, (seg_start + before)[None, :], 0), axis=1)
+    lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
+    earlier = (eq[None, :] == eq[:, None]) & (slot[None, :] < slot[:, None]) & keep_q[None, :]
+    pos = base + tl.sum(earlier.to(tl.int32), axis=1)
+    wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
+    tl.store(sid_ptr + pos, (slot << 24) | t, mask=keep_q)
+    tl.store(sw_ptr + pos, wq, mask=keep_q)
+    tl.store(seid_ptr + pos // BLOCK, lid, mask=keep_q)
+
+    # padding slot j of every expert segment; programs take turns over j
+    fill = padded - cnt
+    for j in range(t, tl.max(fill, 0), nprog):
+        pad_live = j < fill
+        pad_pos = seg_start + cnt + j
+        tl.store(sid_ptr + pad_pos, tl.full([E_BINS], K << 24, tl.int32) | T, mask=pad_live)
+        tl.store(sw_ptr + pad_pos, tl.zeros([E_BINS], tl.float32), mask=pad_live)
+        if QUANT and FUSED:
+            if T < M:  # padding rows name real row T: AITER quantizes them as zero-weight rows
+                for g in range(0, G):
+                    tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([E_BINS], tl.uint8),
+                             mask=pad_live)
+    if t == 0:
+        tl.store(nv_ptr, tl.sum(padded, 0))
+        tl.store(nv_ptr + 1, T)
+
+    row = t.to(tl.int64)
+    if QUANT:
+        if FP4:
+            q_row = q_ptr + row * (G * 16)
+        else:
+            q_row = q_ptr + row * (G * 32)
+        if t < T:
+            s, code = _mx_quant_row(x_ptr + row * x_stride, G, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
+                                    SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, G_PAD)
+            g = tl.arange(0, G_PAD)
+            if FUSED:
+                zero_w = keep_q & (wq == 0.0)
+                n_keep = tl.sum(keep_q.to(tl.int32), 0)
+                all_zero = (n_keep > 0) & (tl.sum(zero_w.to(tl.int32), 0) == n_keep)
+                code = tl.where(all_zero, 0, code)
+                sbytes = tl.where(zero_w[:, None], 0, s[None, :]).to(tl.uint8)
+            else:
+                sbytes = tl.broadcast_to(s[None, :], [K_PAD, G_PAD]).to(tl.uint8)
+            _store_data_row(q_row, code, G, FP4, G_PAD)
+            tl.store(s_ptr + _swizzle(pos[:, None], g[None, :], SNP), sbytes,
+                     mask=keep_q[:, None] & (g[None, :] < G))
+        if FUSED:
+            if (t == T) & (T < M):
+                _store_data_row(q_row, tl.zeros([G_PAD, 32], tl.int32), G, FP4, G_PAD)
+
+    if BUF_MODE != 0:
+        if t < T:
+            for d0 in range(0, D, D_BLOCK):
+                d = d0 + tl.arange(0, D_BLOCK)
+                if BUF_MODE == 1:
+                    val = tl.zeros([D_BLOCK], buf_ptr.dtype.element_ty)
+                else:
+                    val = tl.load(init_ptr + row * init_stride + d, mask=d < D)
+                tl.store(buf_ptr + row * D + d, val, mask=d < D)
+
+
+@triton.jit
+def _chunk_histogram_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, M, E,
+                            K: tl.constexpr, E_BINS: tl.constexpr, CHUNK_T: tl.constexpr,
+                            PAIR_CHUNK: tl.constexpr, HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr):
+    c = tl.program_id(0)
+    T = _token_count(nlt_ptr, M, HAS_NLT)
+    lo = c * CHUNK_T * K
+    hi = tl.minimum(lo + CHUNK_T * K, T * K)
+    h = tl.zeros([E_BINS], tl.int32)
+    for p0 in range(lo, hi, PAIR_CHUNK):
+        eb, keep = _expert_bins(ids_ptr, mask_ptr, p0 + tl.arange(0, PAIR_CHUNK), hi, E, E_BINS, HAS_MASK)
+        h += tl.histogram(eb, E_BINS)
+    tl.store(hist_ptr + c * E_BINS + tl.arange(0, E_BINS), h)
+
+
+@triton.jit
+def _chunk_scan_kernel(hist_ptr, pre_ptr, tot_ptr, n_chunks,
+                       E_BINS: tl.constexpr, E_TILE: tl.constexpr, C_TILE: tl.constexpr):
+    """Exclusive prefix of the chunk histograms over chunks, per expert, and the totals."""
+    e = tl.program_id(0) * E_TILE + tl.arange(0, E_TILE)
+    running = tl.zeros([E_TILE], tl.int32)
+    for c0 in range(0, n_chunks, C_TILE):
+        ci = c0 + tl.arange(0, C_TILE)
+        offs = ci[:, None] * E_BINS + e[None, :]
+        h = tl.load(hist_ptr + offs, mask=ci[:, None] < n_chunks, other=0)
+        incl = tl.cumsum(h, 0)
+        tl.store(pre_ptr + offs, running[None, :] + incl - h, mask=ci[:, None] < n_chunks)
+        running += tl.sum(h, 0)
+    tl.store(tot_ptr + e, running)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def sort_sizes(num_tokens: int, topk: int, num_experts: int, block_size: int) -> tuple[int, int]:
+    """``(max_num_tokens_padded, max_num_m_blocks)`` as AITER allocates them."""
+    n = num_tokens * topk + num_experts * block_size - topk
+    return n, (n + block_size - 1) // block_size
+
+
+def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_size, expert_mask,
+                       num_local_tokens, quant_input, quant_dtype, moe_buf, moe_buf_init) -> str | None:
+    """None when :func:`moe_sort_mx_quant` handles the call, else why not. Reads metadata only."""
+    if topk_ids.dim() != 2 or topk_ids.dtype != torch.int32 or not topk_ids.is_contiguous():
+        return "topk_ids not contiguous int32 [M, topk]"
+    M, K = topk_ids.shape
+    dev = topk_ids.device
+    if (topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32
+            or not topk_weights.is_contiguous() or topk_weights.device != dev):
+        return "topk_weights not contiguous fp32 shaped like topk_ids"
+    if not 1 <= K <= MAX_TOPK:
+        return f"topk {K} outside 1..{MAX_TOPK}"
+    if not 1 <= num_experts <= MAX_EXPERTS:
+        return f"num_experts {num_experts} outside 1..{MAX_EXPERTS}"
+    if num_experts < K:
+        return f"num_experts {num_experts} < topk {K}"
+    if block_size not in (16, 32, 64, 128):
+        return f"block_size {block_size} not in 16/32/64/128"
+    if M >= 1 << 24:
+        return f"tokens {M} do not fit the 24-bit token field"
+    n_sorted, _ = sort_sizes(M, K, num_experts, block_size)
+    if n_sorted > INT32_LIMIT // 4:
+        return f"tokens {M} > int32 offset limit"
+    if model_dim < 1 or model_dim > INT32_LIMIT // max(M, 1):
+        return f"model_dim {model_dim} x tokens {M} > int32 offset limit"
+    if expert_mask is not None and (expert_mask.dtype != torch.int32 or expert_mask.dim() != 1
+                                    or expert_mask.numel() < num_experts
+                                    or not expert_mask.is_contiguous() or expert_mask.device != dev):
+        return "expert_mask not contiguous int32 [num_experts]"
+    if num_local_tokens is not None and (num_local_tokens.dtype != torch.int32
+                                         or num_local_tokens.numel() < 1
+                                         or num_local_tokens.device != dev):
+        return "num_local_tokens not an int32 device tensor"
+    for name, buf in (("moe_buf", moe_buf), ("moe_buf_init", moe_buf_init)):
+        if buf is None:
+            continue
+        if buf.device != dev or buf.dtype not in _MOE_BUF_DTYPES or buf.dim() != 2:
+            return f"{name} not a 2-D bf16/fp16/fp32 tensor on the ids' device"
+        if buf.shape[0] != M or buf.shape[1] != model_dim:
+            return f"{name} shape {tuple(buf.shape)} != ({M}, {model_dim})"
+    if moe_buf is not None and not moe_buf.is_contiguous():
+        return "moe_buf not contiguous"
+    if moe_buf_init is not None and moe_buf_init.stride(1) != 1:
+        return "moe_buf_init rows not contiguous"
+    if moe_buf is not None and moe_buf_init is not None and moe_buf.dtype != moe_buf_init.dtype:
+        return "moe_buf_init dtype != moe_buf dtype"
+    if (quant_input is None) != (quant_dtype is None):
+        return "quant_input and quant_dtype must be given together"
+    if quant_input is not None:
+        if quant_dtype not in _FP_FORMATS:
+            return f"quant_dtype {quant_dtype} not fp4x2/e4m3fn/e4m3fnuz"
+        if quant_input.dim() != 2 or quant_input.shape[0] != M or quant_input.device != dev:
+            return "quant_input not [M, N] on the ids' device"
+        if quant_input.dtype not in _INPUT_DTYPES:
+            return f"quant_input dtype {quant_input.dtype} not bf16/fp16"
+        if quant_input.stride(1) != 1:
+            return "quant_input not contiguous"
+        N = quant_input.shape[1]
+        if N % 32 or not 32 <= N <= MAX_MODEL_DIM:
+            return f"quant_input width {N} not a multiple of 32 in 32..{MAX_MODEL_DIM}"
+        if (n_sorted + 31) // 32 * 32 * ((N // 32 + 7) // 8 * 8) > INT32_LIMIT:
+            return f"tokens {M} > int32 offset limit (scale buffer)"
+        if M * max(quant_input.stride(0), N) > INT32_LIMIT * 2:
+            return f"tokens {M} > int32 offset limit (quant input)"
+    return None
+
+
+def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dtype, block_size, *,
+                      expert_mask=None, num_local_tokens=None,
+                      quant_input=None, quant_dtype=None,
+                      moe_buf=None, moe_buf_init=None, zero_moe_buf=True,
+                      quant_semantics: str = "auto") -> SortQuantResult:
+    """Sort ``topk_ids`` for the MoE GEMMs, fill ``moe_buf`` and MX-quantize ``quant_input``.
+
+    Outputs have AITER's sizes and dtypes; the caller must have checked
+    :func:`unsupported_reason`. ``zero_moe_buf=False`` leaves ``moe_buf`` alone (a given one is
+    returned as is, else a ``(0, 0)`` placeholder, as AITER returns when it does not zero).
+    """
+    reason = unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_size,
+                                expert_mask, num_local_tokens, quant_input, quant_dtype, moe_buf,
+                                moe_buf_init)
+    if reason is not None:
+        raise ValueError(reason)
+    if moe_buf_init is not None and not zero_moe_buf:
+        raise ValueError("moe_buf_init needs zero_moe_buf=True")
+    M, K = topk_ids.shape
+    dev = topk_ids.device
+    n_sorted, n_blocks = sort_sizes(M, K, num_experts, block_size)
+    sorted_ids = _empty(n_sorted, dtype=torch.int32, device=dev)
+    sorted_weights = _empty(n_sorted, dtype=torch.float32, device=dev)
+    sorted_expert_ids = _empty(n_blocks, dtype=torch.int32, device=dev)
+    num_valid_ids = _empty(2, dtype=torch.int32, device=dev)
+
+    if zero_moe_buf:
+        if moe_buf is None:
+            moe_buf = _empty(M, model_dim, dtype=moebuf_dtype, device=dev)
+        buf_mode = 2 if moe_buf_init is not None else 1
+    else:
+        if moe_buf is None:
+            moe_buf = _empty(0, 0, dtype=moebuf_dtype, device=dev)
+        buf_mode = 0
+
+    quant = None
+    fmt, G, snp, fused = _FP_FORMATS[torch.float4_e2m1fn_x2], 1, 8, False
+    x, q_out, s_out = topk_weights, sorted_weights, sorted_weights
+    if quant_input is not None:
+        N = quant_input.shape[1]
+        G = N // 32
+        snp = (G + 7) // 8 * 8
+        fmt = _FP_FORMATS[quant_dtype]
+        if quant_semantics == "auto":
+            fused = M * K <= 2048
+        elif quant_semantics in ("fused", "split"):
+            fused = quant_semantics == "fused"
+        else:
+            raise ValueError(f"quant_semantics {quant_semantics!r}")
+        data_cols = N // 2 if fmt["FP4"] else N
+        q_out = _empty(M, data_cols, dtype=quant_dtype, device=dev)
+        s_out = _empty((n_sorted + 31) // 32 * 32, snp, dtype=torch.float8_e8m0fnu, device=dev)
+        quant = (q_out, s_out)
+        x = quant_input
+
+    e_bins = _next_pow2(num_experts + 1)
+    has_mask = expert_mask is not None
+    has_nlt = num_local_tokens is not None
+    mask_arg = expert_mask if has_mask else topk_ids
+    nlt_arg = num_local_tokens if has_nlt else topk_ids
+    init = moe_buf_init if moe_buf_init is not None else moe_buf
+    prescanned = M * K > ONE_LAUNCH_MAX_PAIRS
+    pre = tot = sorted_ids
+    if prescanned:
+        n_chunks = triton.cdiv(M, CHUNK_TOKENS)
+        hist = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
+        pre = _empty(hist.shape, dtype=torch.int32, device=dev)
+        tot = _empty(e_bins, dtype=torch.int32, device=dev)
+        _chunk_histogram_kernel[(n_chunks,)](
+            topk_ids, mask_arg, nlt_arg, hist, M, num_experts,
+            K=K, E_BINS=e_bins, CHUNK_T=CHUNK_TOKENS, PAIR_CHUNK=_pair_chunk(e_bins),
+            HAS_MASK=has_mask, HAS_NLT=has_nlt)
+        e_tile = min(e_bins, 64)
+        _chunk_scan_kernel[(e_bins // e_tile,)](hist, pre, tot, n_chunks,
+                                                E_BINS=e_bins, E_TILE=e_tile, C_TILE=64)
+
+    q_u8 = q_out.view(torch.uint8) if quant is not None else q_out
+    s_u8 = s_out.view(torch.uint8) if quant is not None else s_out
+    g_pad = _next_pow2(G)
+    _sort_quant_kernel[(max(M, 1),)](
+        topk_ids, topk_weights, mask_arg, nlt_arg,
+        sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids,
+        x, x.stride(0), q_u8, s_u8,
+        moe_buf, init, init.stride(0) if init.dim() == 2 else 0,
+        pre, tot,
+        M, num_experts, model_dim, G,
+        K=K, K_PAD=_next_pow2(K), BLOCK=block_size, E_BINS=e_bins, PAIR_CHUNK=_pair_chunk(e_bins),
+        HAS_MASK=has_mask, HAS_NLT=has_nlt,
+        QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
+        G_PAD=g_pad, SNP=snp, FUSED=fused,
+        BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
+        PRESCANNED=prescanned, CHUNK_T=CHUNK_TOKENS,
+        num_warps=4 if g_pad * 32 <= 4096 else 8,
+    )
+    return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
+
+
+def _pair_chunk(e_bins: int) -> int:
+    return max(256, min(2048, e_bins * 2))

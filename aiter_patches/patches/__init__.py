@@ -1,0 +1,16 @@
+"""The built-in patches, one module each; this list is their declared order.
+
+Importing this package imports no AITER module: patch modules declare targets by
+module path and import their kernels lazily, on the first fast-path call.
+Patches that wrap the same function chain by ``order`` (lower is outer):
+``moe_addend_fold`` (10) -> ``sort_extension`` (20) -> ``moe_sort_mx_quant`` (30) -> AITER.
+"""
+
+from . import gemm_out_zeroed, moe_addend_fold, moe_sort_mx_quant, sort_extension
+
+BUILTIN_PATCHES = [
+    moe_addend_fold.PATCH,
+    sort_extension.PATCH,
+    moe_sort_mx_quant.PATCH,
+    gemm_out_zeroed.PATCH,
+]

@@ -1,0 +1,128 @@
+"""Patch: ``gemm_a8w8_blockscale_bpreshuffle_asm(..., out_zeroed=True)`` skips the split-K memset.
+
+AITER's asm block-scale fp8 GEMM adds its K splits into ``out`` atomically, so
+its launcher memsets ``out`` before every launch with more than one split. When
+the kernel that produced the buffer already zeroed it, that memset is a wasted
+launch and a wasted pass over ``[M, N]``. With ``out_zeroed=True`` the caller
+promises ``out`` holds zeros; the patch then launches the same kernel without
+the memset. With a non-zero ``out`` the splits add onto it: that is the
+contract, not a bug. ``out_zeroed=False`` (the default), or a split count of
+one, is exactly the original call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import runtime
+from ..registry import Patch, Target
+from . import moe_call, pins
+
+NAME = "gemm_out_zeroed"
+
+
+def _triton():
+    from ..kernels import blockscale_gemm_splitk
+
+    return blockscale_gemm_splitk
+
+
+def _aiter_root() -> str | None:
+    mod = sys.modules.get("aiter")
+    f = getattr(mod, "__file__", None)
+    return os.path.dirname(f) if f else None
+
+
+def _wrapper(inner, site):
+    binder = site.binder
+    counters = site.counters
+
+    def gemm_a8w8_blockscale_bpreshuffle_asm(*args, out_zeroed=False, **kwargs):
+        if not out_zeroed:
+            return inner(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        if problems:
+            counters.fallback(problems[0])
+            return inner(*args, **kwargs)
+        if bound.get("bias") is not None:
+            counters.fallback("bias given")
+            return inner(*args, **kwargs)
+        try:
+            launch = _plan(bound)
+        except ValueError as exc:  # AITER would raise the same check: let it, with its own message
+            counters.fallback(f"launcher check: {exc}")
+            return inner(*args, **kwargs)
+        if isinstance(launch, str):
+            counters.fallback(launch)
+            return inner(*args, **kwargs)
+        try:
+            launch()
+        except Exception as exc:
+            counters.failed(exc, "GEMM launch without memset")
+            return inner(*args, **kwargs)
+        counters.hit()
+        return bound["out"]
+
+    return moe_call.like(gemm_a8w8_blockscale_bpreshuffle_asm, inner)
+
+
+def _plan(bound: dict):
+    """A no-memset launch for this call, or the reason there is none (split 1 needs no patch)."""
+    A, B, out = bound["A"], bound["B"], bound["out"]
+    A_scale, B_scale = bound["A_scale"], bound["B_scale"]
+    splitK = bound.get("splitK")
+    bpreshuffle = bound.get("bpreshuffle", True)
+    bpreshuffle = True if bpreshuffle is None else bool(bpreshuffle)
+    aiter = sys.modules.get("aiter")
+    if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False):
+        from aiter.ops.gemm_op_a8w8 import launcher_split
+
+        split = launcher_split(A.shape[1], -1 if splitK is None else splitK)
+        if split <= 1:
+            return "split count 1: the original launches no memset"
+        k = _triton()
+        reason = runtime.triton_backend_reason(A.device) or k.unsupported_reason(
+            A, B, out, A_scale, B_scale, split, bpreshuffle)
+        if reason is not None:
+            return reason
+        return lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,
+                                                 b_preshuffled=bpreshuffle, zero_out=False)
+    from ..kernels import hip_blockscale_asm as hip
+
+    root = _aiter_root()
+    reason = hip.available(A.device, root)
+    if reason is not None:
+        return f"AITER's .co cannot be launched here: {reason}"
+    kernels = hip.load_kernel_list(root, hip.gfx_of(A.device))
+    import torch
+
+    cu = torch.cuda.get_device_properties(A.device).multi_processor_count
+    _, split = hip.select_kernel(A.shape[0], B.shape[0], A.shape[1], kernels, cu, splitK,
+                                 bound.get("kernelName"), bpreshuffle)
+    if split <= 1:
+        return "split count 1: the original launches no memset"
+    return lambda: hip.gemm_a8w8_blockscale_asm(A, B, out, A_scale, B_scale, aiter_root=root, splitK=splitK,
+                                                kernelName=bound.get("kernelName"), bpreshuffle=bpreshuffle,
+                                                cu_num=cu)
+
+
+def _check(device):
+    from ..checks import check_gemm_out_zeroed
+
+    return check_gemm_out_zeroed(device)
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="gemm_a8w8_blockscale_bpreshuffle_asm(..., out_zeroed=True): split-K into a pre-zeroed out, no memset",
+    targets=(
+        Target("aiter.ops.gemm_op_a8w8", "gemm_a8w8_blockscale_bpreshuffle_asm",
+               pins.GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_ASM, _wrapper,
+               "Takes the extra keyword out_zeroed; the package alias aiter.gemm_a8w8_blockscale_bpreshuffle_asm "
+               "is rebound with it."),
+    ),
+    kernel_module="aiter_patches.kernels.blockscale_gemm_splitk",
+    order=50,
+    check=_check,
+)

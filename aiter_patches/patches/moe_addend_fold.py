@@ -1,0 +1,187 @@
+"""Patch: fold a shared-expert output into the MoE stage-2 reduction (``fused_moe(..., moe_addend=x)``).
+
+AITER's atomic stage 2 adds every routed expert's weighted output into
+``moe_buf``, which its sort zeroed. Starting ``moe_buf`` from the shared
+expert's output instead makes ``out = fused_moe(...) + shared_out`` come out of
+stage 2 with no extra launch: the one-launch sort writes the addend instead of
+zeros; after AITER's own sort, one copy replaces the later add. Wherever stage 2
+might overwrite instead of add, or the patch cannot prove the output is that
+``moe_buf``, the addend is added after the call, once, and the fallback counted.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..registry import Patch, Target
+from . import moe_call, pins
+from .moe_call import ADD_AFTER, FOLDED, PENDING
+
+NAME = "moe_addend_fold"
+
+
+def validate_addend(addend, hidden_states, topk_ids, w2, dtype, output=None) -> None:
+    """Raise ``ValueError`` naming ``moe_addend`` and the rule it breaks."""
+    import torch
+
+    if not isinstance(addend, torch.Tensor):
+        raise ValueError(f"moe_addend must be a torch.Tensor or None, not {type(addend).__name__}")
+    M = topk_ids.shape[0]
+    model_dim = w2.shape[1]
+    out_dtype = dtype if dtype is not None else hidden_states.dtype
+    if tuple(addend.shape) != (M, model_dim):
+        raise ValueError(
+            f"moe_addend must have shape [tokens, model_dim] = [{M}, {model_dim}] "
+            f"(topk_ids rows, w2.shape[1]); got {list(addend.shape)}"
+        )
+    if addend.dtype != out_dtype:
+        raise ValueError(f"moe_addend must have the output dtype {out_dtype}; got {addend.dtype}")
+    if addend.device != topk_ids.device:
+        raise ValueError(f"moe_addend must be on {topk_ids.device} like topk_ids; got {addend.device}")
+    for name, other in (("hidden_states", hidden_states), ("output", output)):
+        if other is not None and _overlaps(addend, other):
+            raise ValueError(f"moe_addend must not share memory with {name} (it is read while the output is written)")
+
+
+def _overlaps(a, b) -> bool:
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    if sa.data_ptr() != sb.data_ptr():
+        return False
+    a0, a1 = _byte_span(a)
+    b0, b1 = _byte_span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _byte_span(t) -> tuple[int, int]:
+    start = t.data_ptr()
+    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
+    return start, start + extent * t.element_size()
+
+
+def fold_blocker(bound: dict, call) -> str | None:
+    """Why the sort's ``moe_buf`` cannot start from the addend, or None when stage 2 is known to add into it."""
+    if not bound.get("accumulate", True):
+        return "stage 2 overwrites its output (accumulate=False: reduce mode)"
+    if bound.get("expert_mask") is not None:
+        return "expert_mask (EP): AITER's EP stage 2 may switch to reduce mode"
+    if bound.get("output_aux"):
+        return "output_aux (a4w4 scatter-reduce overwrites)"
+    if bound.get("return_local_topk_ids"):
+        return "return_local_topk_ids"
+    add = call.addend
+    if bound.get("moebuf_dtype") != add.dtype:
+        return f"moe_buf dtype {bound.get('moebuf_dtype')} differs from the addend's {add.dtype}"
+    topk_ids = bound.get("topk_ids")
+    if topk_ids is None or tuple(add.shape) != (topk_ids.shape[0], bound.get("model_dim")):
+        return "moe_buf shape differs from the addend's"
+    return None
+
+
+def _fused_moe_wrapper(inner, site):
+    binder = site.binder
+    counters = site.counters
+
+    def fused_moe(*args, moe_addend=None, **kwargs):
+        if moe_addend is None:
+            return inner(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        if problems:
+            raise TypeError(f"fused_moe(): {problems[0]}")
+        validate_addend(moe_addend, bound.get("hidden_states"), bound.get("topk_ids"), bound.get("w2"),
+                        bound.get("dtype"), bound.get("output"))
+        call, new = moe_call.joined_or_new(bound)
+        call.addend, call.addend_state = moe_addend, PENDING
+        if new:
+            with moe_call.scope(call):
+                out = inner(*args, **kwargs)
+        else:
+            out = inner(*args, **kwargs)
+        if call.addend_state == FOLDED and _is_same_tensor(out, call.moe_buf):
+            counters.hit()
+            return out
+        if call.addend_state == PENDING:
+            counters.fallback("the sort did not run through _moe_sorting_impl (FlyDSL sort, flat, fhmoe or 1-stage path)")
+        elif call.addend_state == FOLDED:
+            counters.fallback("fused_moe returned another tensor than the sort's moe_buf")
+        out.add_(moe_addend)
+        return out
+
+    return moe_call.like(fused_moe, inner)
+
+
+def _is_same_tensor(a, b) -> bool:
+    return b is not None and (a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()))
+
+
+def _sort_wrapper(inner, site):
+    binder = site.binder
+    counters = site.counters
+
+    def _moe_sorting_impl(*args, **kwargs):
+        call = moe_call.current()
+        if call is None or call.addend is None or call.addend_state != PENDING:
+            return inner(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        blocker = problems[0] if problems else fold_blocker(bound, call)
+        if blocker is not None:
+            call.addend_state = ADD_AFTER
+            counters.fallback(blocker)
+            return inner(*args, **kwargs)
+        call.addend_offered, call.addend_written_by_sort = True, False
+        try:
+            out = inner(*args, **kwargs)
+        finally:
+            call.addend_offered = False
+        moe_buf = out[4]
+        if not call.addend_written_by_sort:
+            moe_buf.copy_(call.addend)
+        call.moe_buf, call.addend_state = moe_buf, FOLDED
+        return out
+
+    return moe_call.like(_moe_sorting_impl, inner)
+
+
+def fused_moe_with_addend(addend, *args, **kwargs):
+    """``fused_moe(*args, **kwargs) + addend``, folded into stage 2 when this patch is applied.
+
+    For callers that must not depend on the patch being active: the same result
+    either way (bitwise equal to the unpatched add where AITER's stage 2 adds in
+    a fixed order; within bf16 rounding of it otherwise).
+    """
+    from .. import registry
+
+    fm = sys.modules["aiter.fused_moe"].fused_moe
+    rec = next(r for r in registry.status()["patches"] if r["name"] == NAME)
+    if rec["state"] == registry.APPLIED:
+        return fm(*args, moe_addend=addend, **kwargs)
+    from ..signatures import Binder
+
+    binder = Binder(pins.FUSED_MOE[-1].signature)
+    bound, _ = binder.bind(args, kwargs)
+    validate_addend(addend, bound.get("hidden_states"), bound.get("topk_ids"), bound.get("w2"), bound.get("dtype"),
+                    bound.get("output"))
+    out = fm(*args, **kwargs)
+    return out.add_(addend)
+
+
+def _check(device):
+    from ..checks import check_addend_fold
+
+    return check_addend_fold(device)
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="fused_moe(..., moe_addend=x): the shared-expert output folded into stage 2's accumulation",
+    targets=(
+        Target("aiter.fused_moe", "fused_moe", pins.FUSED_MOE, _fused_moe_wrapper,
+               "Takes the extra keyword moe_addend; adds it after the call wherever it was not folded."),
+        Target("aiter.fused_moe", "_moe_sorting_impl", pins.MOE_SORTING_IMPL, _sort_wrapper,
+               "Starts moe_buf from the addend (in the one-launch sort, or one copy after AITER's sort)."),
+    ),
+    kernel_module="aiter_patches.kernels.moe_sort_mx_quant",
+    order=10,
+    check=_check,
+)

@@ -1,0 +1,222 @@
+"""Patch: the ``SortExtension`` hook at AITER's MoE sort boundary.
+
+Models with their own routing kernels need a way into the sort that AITER runs
+deep inside ``fused_moe``, without a patch per model. An extension scoped with
+``with sort_extension(ext):`` is offered every ``_moe_sorting_impl`` call in the
+current thread or asyncio task; the innermost scope is asked first, then the
+outer ones, then the one-launch sort, then AITER. Nothing here knows any model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
+
+from ..registry import Patch, Target
+from . import moe_call, pins
+from .moe_call import StageOneQuant, fused_moe_scope_wrapper, quant_helper_wrapper
+
+log = logging.getLogger("aiter_patches")
+
+NAME = "sort_extension"
+
+_ACTIVE: ContextVar[tuple["SortExtension", ...]] = ContextVar("aiter_patches_sort_extensions", default=())
+
+
+class SortExtensionError(ValueError):
+    """An extension returned outputs that do not have the shape, dtype or device AITER would allocate."""
+
+
+@dataclass(frozen=True)
+class SortCall:
+    """One ``_moe_sorting_impl`` call as an extension sees it: every parameter by name, read-only."""
+
+    arguments: Mapping[str, Any]
+
+
+class SortExtension:
+    """Base class of a sort extension. Override :meth:`sort`; optionally :meth:`after_sort` and :meth:`close`.
+
+    ``sort(call)`` returns None to decline, or AITER's five sort outputs
+    ``(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf)``,
+    optionally with a sixth item ``(data, scale)``: the stage-1 MX quant of the
+    activations, which ``fused_moe``'s stage-1 quant helper then returns as is.
+    """
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def sort(self, call: SortCall):
+        return None
+
+    def after_sort(self, call: SortCall, outputs: tuple) -> None:
+        """Called after each sort this scope saw, whoever produced it (on the current stream)."""
+
+    def close(self) -> None:
+        """Called when the scope exits, also on exceptions: flush work that no call took."""
+
+
+@contextlib.contextmanager
+def sort_extension(ext: SortExtension) -> Iterator[SortExtension]:
+    """Make ``ext`` the innermost active extension for the current thread / asyncio task."""
+    if not isinstance(ext, SortExtension):
+        raise TypeError(f"sort_extension() takes a SortExtension, not {type(ext).__name__}")
+    token = _ACTIVE.set(_ACTIVE.get() + (ext,))
+    try:
+        yield ext
+    finally:
+        _ACTIVE.reset(token)
+        ext.close()
+
+
+def active() -> tuple[SortExtension, ...]:
+    """Active extensions, outermost first."""
+    return _ACTIVE.get()
+
+
+def expected_outputs(arguments: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """What AITER's ``_moe_sorting_impl`` allocates for these arguments: name -> (shape, dtype)."""
+    import torch
+
+    topk_ids = arguments["topk_ids"]
+    M, topk = topk_ids.shape
+    E, block = int(arguments["num_experts"]), int(arguments["block_size"])
+    padded = topk_ids.numel() + E * block - topk
+    blocks = (padded + block - 1) // block
+    zeroed = arguments.get("accumulate", True) or arguments.get("expert_mask") is not None
+    buf_shape = (M, int(arguments["model_dim"])) if zeroed else (0, 0)
+    return {
+        "sorted_ids": ((padded,), torch.int32),
+        "sorted_weights": ((padded,), torch.float32),
+        "sorted_expert_ids": ((blocks,), torch.int32),
+        "num_valid_ids": ((2,), torch.int32),
+        "moe_buf": (buf_shape, arguments["moebuf_dtype"]),
+    }
+
+
+def validate_outputs(ext: SortExtension, arguments: Mapping[str, Any], out: Any) -> None:
+    """Cheap checks (shapes, dtypes, devices; no device reads) that raise :class:`SortExtensionError`."""
+    import torch
+
+    if not isinstance(out, (tuple, list)) or len(out) not in (5, 6):
+        raise SortExtensionError(f"SortExtension '{ext.name}' must return None or 5 or 6 items, got {type(out).__name__}"
+                                 + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
+    device = arguments["topk_ids"].device
+    for (name, (shape, dtype)), t in zip(expected_outputs(arguments).items(), out[:5]):
+        if not isinstance(t, torch.Tensor):
+            raise SortExtensionError(f"SortExtension '{ext.name}': {name} is {type(t).__name__}, not a tensor")
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
+            raise SortExtensionError(
+                f"SortExtension '{ext.name}': {name} is {list(t.shape)} {t.dtype} on {t.device}; "
+                f"AITER allocates {list(shape)} {dtype} on {device}"
+            )
+    if len(out) == 6:
+        _validate_quant(ext, arguments, out[0], out[5])
+
+
+def _validate_quant(ext: SortExtension, arguments: Mapping[str, Any], sorted_ids, quant) -> None:
+    import torch
+
+    if not isinstance(quant, (tuple, list)) or len(quant) != 2:
+        raise SortExtensionError(f"SortExtension '{ext.name}': the sixth item must be (data, scale)")
+    data, scale = quant
+    M, model_dim = arguments["topk_ids"].shape[0], int(arguments["model_dim"])
+    fp4 = data.dtype == torch.float4_e2m1fn_x2
+    want_data = (M, model_dim // 2) if fp4 else (M, model_dim)
+    if tuple(data.shape) != want_data or data.dtype not in (
+        torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m3fnuz
+    ):
+        raise SortExtensionError(
+            f"SortExtension '{ext.name}': quant data is {list(data.shape)} {data.dtype}; "
+            f"stage 1 expects {list(want_data)} fp4x2 or fp8"
+        )
+    want_scale = ((sorted_ids.shape[0] + 31) // 32 * 32, ((model_dim + 31) // 32 + 7) // 8 * 8)
+    if tuple(scale.shape) != want_scale or scale.dtype != torch.float8_e8m0fnu:
+        raise SortExtensionError(
+            f"SortExtension '{ext.name}': quant scale is {list(scale.shape)} {scale.dtype}; "
+            f"stage 1 expects {list(want_scale)} float8_e8m0fnu"
+        )
+
+
+def _sort_wrapper(inner, site):
+    binder = site.binder
+    counters = site.counters
+
+    def _moe_sorting_impl(*args, **kwargs):
+        stack = _ACTIVE.get()
+        if not stack:
+            return inner(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        if problems:
+            counters.fallback(problems[0])
+            return inner(*args, **kwargs)
+        call = SortCall(MappingProxyType(bound))
+        out = None
+        if bound.get("return_local_topk_ids") or bound.get("output_aux"):
+            counters.fallback("return_local_topk_ids/output_aux: extensions are not offered calls with extra outputs")
+        else:
+            out = _ask(stack, call, counters)
+        if out is None:
+            out = inner(*args, **kwargs)
+        for ext in reversed(stack):
+            ext.after_sort(call, out)
+        return out
+
+    return moe_call.like(_moe_sorting_impl, inner)
+
+
+def _ask(stack, call: SortCall, counters):
+    for ext in reversed(stack):
+        try:
+            out = ext.sort(call)
+        except Exception as exc:
+            counters.failed(exc, f"SortExtension '{ext.name}'.sort")
+            return None
+        if out is None:
+            continue
+        validate_outputs(ext, call.arguments, out)
+        counters.hit()
+        if len(out) == 6:
+            _hand_quant_to_stage1(ext, out, counters)
+        return tuple(out[:5])
+    return None
+
+
+def _hand_quant_to_stage1(ext: SortExtension, out, counters) -> None:
+    c = moe_call.current()
+    if c is None:
+        log.debug("aiter_patches: SortExtension '%s' returned a stage-1 quant outside fused_moe; unused", ext.name)
+        return
+    data, scale = out[5]
+    c.stage1_quant = StageOneQuant(
+        sorted_ids=out[0], num_valid_ids=out[3], sorted_weights=out[1], quant_dtype=data.dtype,
+        data=data, scale=scale, input_key=None, counters=counters,
+    )
+
+
+def _no_contribution(call, bound, site) -> None:
+    return None
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="SortExtension hook: scoped, model-agnostic extensions offered each MoE sort call",
+    targets=(
+        Target("aiter.fused_moe", "fused_moe", pins.FUSED_MOE, fused_moe_scope_wrapper(_no_contribution),
+               "Opens the per-call hand-off an extension's stage-1 quant travels through."),
+        Target("aiter.fused_moe", "_moe_sorting_impl", pins.MOE_SORTING_IMPL, _sort_wrapper,
+               "Offers the call to the active extensions, innermost first."),
+        Target("aiter.fused_moe", "fused_dynamic_mxfp4_quant_moe_sort", pins.MXFP4_QUANT_MOE_SORT,
+               quant_helper_wrapper("fp4"), "Returns an extension's MXFP4 stage-1 quant."),
+        Target("aiter.fused_moe", "fused_dynamic_mxfp8_quant_moe_sort", pins.MXFP8_QUANT_MOE_SORT,
+               quant_helper_wrapper("fp8"), "Returns an extension's MXFP8 stage-1 quant."),
+    ),
+    kernel_module=None,
+    order=20,
+    check=lambda device: __import__("aiter_patches.checks", fromlist=["x"]).check_sort_extension(device),
+)

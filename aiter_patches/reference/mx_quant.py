@@ -1,0 +1,250 @@
+"""Torch reference of AITER's per-1x32 MX quant and its fused MoE-sort scale writeback.
+
+Why integer arithmetic: the result must be bit-exact on every backend (CPU, Triton
+interpreter, NVIDIA, AMD), and float casts to fp8/fp4 or out-of-range float->int casts differ
+between them. Every rounding below is done on the fp32 bit pattern.
+
+Per group of 32 consecutive values of a row (aiter-facts.md "MX quant contract",
+`csrc/include/mx_quant_utils.h`, RoundUp):
+
+* ``amax = max(1e-10, max |x|)``; ``u = bits(fp32(amax * fp32(1 / max_pos)))``;
+  ``e = (u >> 23) & 0xFF``, plus one when the mantissa of ``u`` is nonzero and ``e < 0xFF``.
+  ``max_pos`` is 6 (fp4 e2m1), 448 (fp8 e4m3fn), 240 (fp8 e4m3fnuz, gfx942).
+* A group holding NaN or +-Inf gets scale byte ``0xFF`` (e8m0 NaN). Its element codes are
+  still defined here (finite values scaled by ``2^-128``, +-Inf saturated, NaN -> the fp8 NaN
+  code or the saturated fp4 code) so that kernels can be compared bitwise; AITER's own NaN
+  handling differs (see the report), which is why callers should treat such groups as garbage.
+* ``q = x * 2^(127 - e)`` rounded to nearest-even on the target grid, saturated at +-max_pos,
+  sign kept (``-0`` stays ``-0``; e4m3fnuz has no ``-0`` and writes ``0x00``).
+* fp4 packs element ``2i`` in the low nibble of byte ``i`` (``[0.5, 1.0] -> 0x21``).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import torch
+
+GROUP = 32
+STAGE1_FUSED_MAX_PAIRS = 2048  # AITER: stage-1 quant is fused when token_num <= 8 * 256 / topk
+
+
+class MxFormat(NamedTuple):
+    """Integer description of an MX element format (e2m1 or e4m3)."""
+
+    mant_bits: int
+    min_exp: int  # unbiased exponent of the smallest normal
+    max_code: int  # magnitude code of the largest finite value
+    nan_code: int | None  # full byte written for NaN, None: saturate
+    neg_zero: bool  # whether a negative zero keeps its sign bit
+    sign_shift: int
+    inv_max_pos_bits: int  # fp32 bits of 1 / max_pos, as AITER's constant
+
+
+FP4_E2M1 = MxFormat(1, 0, 0x7, None, True, 3, 0x3E2AAAAB)
+FP8_E4M3FN = MxFormat(3, -6, 0x7E, 0x7F, True, 7, 0x3B124925)
+FP8_E4M3FNUZ = MxFormat(3, -7, 0x7F, 0x80, False, 7, 0x3B888889)
+AMAX_FLOOR_BITS = struct.unpack("<I", struct.pack("<f", 1e-10))[0]
+
+
+def mx_format(quant_dtype: torch.dtype) -> MxFormat:
+    if quant_dtype == torch.float4_e2m1fn_x2:
+        return FP4_E2M1
+    if quant_dtype == torch.float8_e4m3fn:
+        return FP8_E4M3FN
+    if quant_dtype == torch.float8_e4m3fnuz:
+        return FP8_E4M3FNUZ
+    raise ValueError(f"unsupported MX quant dtype {quant_dtype}")
+
+
+def _f32_bits(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+
+
+def e8m0_scale_bytes(groups: torch.Tensor, fmt: MxFormat) -> torch.Tensor:
+    """RoundUp e8m0 scale byte (int64 0..255) per row of ``groups`` ``[..., 32]``."""
+    abs_bits = _f32_bits(groups) & 0x7FFFFFFF
+    amax_bits = abs_bits.amax(dim=-1)
+    nonfinite = amax_bits >= 0x7F800000
+    amax = amax_bits.clamp(min=AMAX_FLOOR_BITS).to(torch.int32).view(torch.float32)
+    inv = torch.full((1,), fmt.inv_max_pos_bits, dtype=torch.int32, device=groups.device).view(torch.float32)
+    u = _f32_bits(amax * inv)
+    e = (u >> 23) & 0xFF
+    e = torch.where(((u & 0x7FFFFF) != 0) & (e < 0xFF), e + 1, e)
+    return torch.where(nonfinite, torch.full_like(e, 0xFF), e)
+
+
+def mx_element_codes(groups: torch.Tensor, scale: torch.Tensor, fmt: MxFormat) -> torch.Tensor:
+    """Code (int64, sign included) of every element of ``groups`` ``[..., 32]`` under ``scale``."""
+    bits = _f32_bits(groups)
+    sign = (bits >> 31) & 1
+    biased = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    sig = torch.where(biased > 0, mant | 0x800000, mant)
+    # value = sig * 2^(exp_q - 23), with exp_q the unbiased exponent of x / 2^(scale - 127)
+    exp_q = torch.where(biased > 0, biased, torch.ones_like(biased)) - scale.unsqueeze(-1)
+    ulp_exp = exp_q.clamp(min=fmt.min_exp) - fmt.mant_bits
+    shift = (ulp_exp - (exp_q - 23)).clamp(max=30)
+    n = sig >> shift
+    rem = sig & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    n = n + ((rem > half) | ((rem == half) & ((n & 1) == 1))).to(torch.int64)
+    normal = exp_q >= fmt.min_exp
+    code = torch.where(normal, ((exp_q - fmt.min_exp + 1) << fmt.mant_bits) + n - (1 << fmt.mant_bits), n)
+    code = code.clamp(max=fmt.max_code)
+    code = torch.where(biased == 0xFF, torch.full_like(code, fmt.max_code), code)
+    if fmt.neg_zero:
+        code = code | (sign << fmt.sign_shift)
+    else:
+        code = torch.where(code == 0, code, code | (sign << fmt.sign_shift))
+    if fmt.nan_code is not None:
+        code = torch.where((biased == 0xFF) & (mant != 0), torch.full_like(code, fmt.nan_code), code)
+    return code
+
+
+def mx_quant_rows(x: torch.Tensor, quant_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize every row of ``x`` ``[M, N]`` (N % 32 == 0).
+
+    Returns ``(data, scale)``: data bytes as uint8 (``[M, N // 2]`` fp4, ``[M, N]`` fp8) and
+    the unswizzled e8m0 bytes ``[M, N // 32]`` as uint8.
+    """
+    fmt = mx_format(quant_dtype)
+    M, N = x.shape
+    if N % GROUP:
+        raise ValueError("N must be a multiple of 32")
+    groups = x.reshape(M, N // GROUP, GROUP)
+    scale = e8m0_scale_bytes(groups, fmt)
+    codes = mx_element_codes(groups, scale, fmt).reshape(M, N)
+    if fmt is FP4_E2M1:
+        codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return codes.to(torch.uint8), scale.to(torch.uint8)
+
+
+def mx_scale_swizzle_index(row, group, scale_n_pad: int):
+    """Byte offset of e8m0 scale (sorted row, group) in AITER's swizzled layout (ints or tensors)."""
+    return ((row // 32) * scale_n_pad * 32 + (group // 8) * 256 + (group % 4) * 64
+            + (row % 16) * 4 + ((group % 8) // 4) * 2 + (row % 32) // 16)
+
+
+def pad_to(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def scale_shape(num_sorted: int, n: int) -> tuple[int, int]:
+    """AITER's scale tensor shape for ``len(sorted_ids) = num_sorted`` and ``N = n``."""
+    return pad_to(num_sorted, 32), pad_to((n + GROUP - 1) // GROUP, 8)
+
+
+def stage1_uses_fused_quant(token_num: int, topk: int) -> bool:
+    """Whether AITER's stage-1 ``fused_dynamic_mx_quant_moe_sort`` takes its fused single kernel."""
+    return token_num * topk <= STAGE1_FUSED_MAX_PAIRS
+
+
+class MxQuantSortResult(NamedTuple):
+    """``(data, scale)`` as AITER returns them plus masks of the positions AITER defines.
+
+    ``data``: ``[M, N // 2]`` float4_e2m1fn_x2 or ``[M, N]`` fp8, original row order.
+    ``scale``: ``[pad32(len(sorted_ids)), pad8(N // 32)]`` float8_e8m0fnu, swizzled by sorted row.
+    ``data_defined``: bool ``[M]``, rows AITER writes deterministically.
+    ``scale_defined``: bool, ``scale``'s shape, bytes AITER writes deterministically.
+    Undefined positions hold 0 here and must be masked in comparisons.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    data_defined: torch.Tensor
+    scale_defined: torch.Tensor
+
+
+def mx_quant_moe_sort_reference(
+    input: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    num_valid_ids: torch.Tensor,
+    sorted_weights: torch.Tensor | None,
+    token_num: int,
+    quant_dtype: torch.dtype,
+    *,
+    fused: bool = True,
+) -> MxQuantSortResult:
+    """Stage-1 ``fused_dynamic_mx_quant_moe_sort(input, ..., token_num=M)`` (input has ``M`` rows).
+
+    ``fused=True`` models AITER's fused kernel (``fused_mx_quant_moe_sort_kernel``, taken when
+    ``M * topk <= 2048``, see :func:`stage1_uses_fused_quant`); ``fused=False`` the split path
+    (per-row quant, then ``mxfp4_moe_sort_kernel`` moves scales to sorted rows).
+
+    Defined positions, fused path (``nv = num_valid_ids[0]``, ``T = num_valid_ids[1]``):
+
+    * Sorted rows ``r < nv`` whose token ``t = sorted_ids[r] & 0xFFFFFF < token_num``: scale
+      bytes ``(r, g)`` for ``g < N/32`` are the token row's scales, or ``0`` when
+      ``sorted_weights[r] == 0.0`` (also ``-0.0``). With ``T < token_num`` the padding rows name
+      token ``T`` with weight 0, so they get scale 0 and zero data row ``T``.
+    * Data row ``t``: the quantized row if every sorted row naming ``t`` has a nonzero weight,
+      all zero bytes if every one has weight 0; undefined if none names it (not written) or the
+      weights are mixed (AITER's threads race on the row).
+    * Padding rows with token ``>= token_num``, rows ``>= nv``, scale columns
+      ``[N/32, pad8(N/32))`` and scale rows past ``len(sorted_ids)``: not written.
+
+    Split path: the scale of a real pair's row is its token row's scale whatever its weight;
+    data rows ``< T`` are quantized; padding rows and rows ``>= T`` are treated as undefined
+    (AITER writes zeros or a row-``T`` scale there depending on a performance heuristic).
+    """
+    dev = input.device
+    M, N = input.shape
+    data_rows, row_scale = mx_quant_rows(input.to(torch.float32), quant_dtype)
+    n_rows, scale_n_pad = scale_shape(sorted_ids.numel(), N)
+    n_groups = N // GROUP
+
+    nv = int(num_valid_ids[0])
+    T = int(num_valid_ids[1])
+    r = torch.arange(nv, device=dev)
+    ids = sorted_ids[:nv].to(torch.int64)
+    tok = ids & 0xFFFFFF
+    if fused:
+        live = tok < token_num
+    else:
+        live = tok < min(T, token_num)
+    r, tok = r[live], tok[live]
+    if sorted_weights is not None:
+        zero_w = sorted_weights[:nv][live] == 0.0
+    else:
+        zero_w = torch.zeros_like(tok, dtype=torch.bool)
+    if not fused:
+        zero_w = torch.zeros_like(zero_w)
+
+    row_bytes = row_scale.to(torch.int64)[tok]  # [R, G]
+    row_bytes = torch.where(zero_w.unsqueeze(1), torch.zeros_like(row_bytes), row_bytes)
+    g = torch.arange(n_groups, device=dev)
+    addr = mx_scale_swizzle_index(r.unsqueeze(1), g.unsqueeze(0), scale_n_pad)
+    scale = torch.zeros(n_rows * scale_n_pad, dtype=torch.uint8, device=dev)
+    scale_defined = torch.zeros(n_rows * scale_n_pad, dtype=torch.bool, device=dev)
+    scale[addr.reshape(-1)] = row_bytes.reshape(-1).to(torch.uint8)
+    scale_defined[addr.reshape(-1)] = True
+
+    data = torch.zeros_like(data_rows)
+    if fused:
+        zero_seen = torch.zeros(M, dtype=torch.bool, device=dev)
+        quant_seen = torch.zeros(M, dtype=torch.bool, device=dev)
+        zero_seen[tok[zero_w]] = True
+        quant_seen[tok[~zero_w]] = True
+        data_defined = zero_seen ^ quant_seen
+        data[quant_seen & ~zero_seen] = data_rows[quant_seen & ~zero_seen]
+    else:
+        data_defined = torch.arange(M, device=dev) < min(T, token_num)
+        data[data_defined] = data_rows[data_defined]
+
+    return MxQuantSortResult(
+        data=data.view(quant_dtype),
+        scale=scale.view(n_rows, scale_n_pad).view(torch.float8_e8m0fnu),
+        data_defined=data_defined,
+        scale_defined=scale_defined.view(n_rows, scale_n_pad),
+    )
+
+
+def swizzle_scale_rows(row_scale: torch.Tensor) -> torch.Tensor:
+    """AITER's ``shuffle_scale`` form: pad ``[R, G]`` to (pad32, pad8) and permute (used by tests)."""
+    R, G = row_scale.shape
+    sm, sn = pad_to(R, 32), pad_to(G, 8)
+    padded = torch.zeros(sm, sn, dtype=row_scale.dtype, device=row_scale.device)
+    padded[:R, :G] = row_scale
+    return padded.view(sm // 32, 2, 16, sn // 8, 2, 4).permute(0, 3, 5, 2, 4, 1).contiguous().view(sm, sn)

@@ -1,0 +1,91 @@
+"""What a patched call needs at run time: counters, the strict switch, fail-safe fallback.
+
+Wrappers run on every MoE call of a server, in many threads, possibly inside
+CUDA-graph capture. Counting here is host-only bookkeeping (no device sync), a
+fallback's reason is logged once at DEBUG, and a fast path that raises is logged
+once at WARNING and handed back to AITER unless strict mode asks to re-raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+log = logging.getLogger("aiter_patches")
+
+_strict_override: bool | None = None
+
+
+def strict() -> bool:
+    """Strict mode: skips and fast-path errors raise instead of falling back."""
+    if _strict_override is not None:
+        return _strict_override
+    return os.environ.get("AITER_PATCHES_STRICT", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def set_strict(value: bool | None) -> None:
+    global _strict_override
+    _strict_override = value
+
+
+class PatchCounters:
+    """Per-patch counts of fast-path hits, fallbacks by reason, and fast-path errors."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._lock = threading.Lock()
+        self._fast = 0
+        self._fallback: dict[str, int] = {}
+        self._errors: dict[str, int] = {}
+
+    def hit(self) -> None:
+        with self._lock:
+            self._fast += 1
+
+    def fallback(self, reason: str) -> None:
+        with self._lock:
+            first = reason not in self._fallback
+            self._fallback[reason] = self._fallback.get(reason, 0) + 1
+        if first:
+            log.debug("aiter_patches: %s fell back to AITER: %s", self.name, reason)
+
+    def failed(self, exc: BaseException, where: str) -> None:
+        """Record a fast path that raised; re-raise in strict mode, else the caller falls back."""
+        key = f"{where}: {type(exc).__name__}"
+        with self._lock:
+            first = key not in self._errors
+            self._errors[key] = self._errors.get(key, 0) + 1
+        if strict():
+            raise exc
+        if first:
+            log.warning(
+                "aiter_patches: %s fast path raised in %s and fell back to AITER "
+                "(logged once; see stats()): %s: %s",
+                self.name, where, type(exc).__name__, exc,
+            )
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "fast": self._fast,
+                "fallback": dict(self._fallback),
+                "errors": dict(self._errors),
+            }
+
+    def reset(self) -> None:
+        with self._lock:
+            self._fast = 0
+            self._fallback.clear()
+            self._errors.clear()
+
+
+def triton_backend_reason(device) -> str | None:
+    """Why Triton cannot run a kernel on ``device`` here, or None (graph-safe: reads no tensor)."""
+    kind = getattr(device, "type", str(device))
+    if kind == "cuda":  # NVIDIA and ROCm GPUs alike
+        return None
+    if kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return f"tensors on {device}: no Triton backend there (TRITON_INTERPRET=1 runs the kernels on CPU)"

@@ -1,0 +1,299 @@
+"""The one-launch MoE sort + moe_buf fill + MX quant kernel against the torch references.
+
+Every output buffer is poisoned before the call, then compared bitwise with the references
+over the positions AITER defines. CPU runs use the Triton interpreter on small shapes; the
+``gpu`` tests run the issue's matrix natively.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aiter_patches.kernels.moe_sort_mx_quant as k
+from aiter_patches.reference.moe_sorting import defined_sort_region, moe_sorting_reference
+from aiter_patches.reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
+
+FP4, FP8, FP8NUZ = torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m3fnuz
+HAS_GPU = torch.cuda.is_available()
+DEV = "cuda" if HAS_GPU else "cpu"
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every buffer the launcher allocates starts as 0xAB bytes, so unwritten bytes show."""
+
+    def empty(*size, dtype, device):
+        if len(size) == 1 and not isinstance(size[0], int):
+            size = tuple(size[0])
+        t = torch.empty(*size, dtype=dtype, device=device)
+        t.view(torch.uint8).fill_(0xAB)
+        return t
+
+    monkeypatch.setattr(k, "_empty", empty)
+
+
+def routing(M, K, E, kind="uniform", seed=0, device=DEV):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "uniform":
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]) if M else torch.empty(0, K)
+    elif kind == "one":  # every token's first slot goes to expert E-1
+        rest = [torch.randperm(E - 1, generator=g)[: K - 1] for _ in range(M)]
+        ids = torch.stack([torch.cat([torch.tensor([E - 1]), r]) for r in rest]) if M else torch.empty(0, K)
+    elif kind == "skewed":  # most traffic on a few experts, duplicates allowed
+        p = torch.pow(torch.arange(1, E + 1, dtype=torch.float64), -2.0)
+        ids = torch.multinomial(p, M * K, replacement=True, generator=g).reshape(M, K)
+    elif kind == "bad":  # out-of-range ids sprinkled in
+        ids = torch.randint(-3, E + 3, (M, K), generator=g)
+    else:
+        raise ValueError(kind)
+    w = torch.rand(M, K, generator=g)
+    return ids.to(torch.int32).to(device), w.to(device)
+
+
+def activations(M, N, kind="normal", seed=0, dtype=torch.bfloat16, device=DEV):
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(M, N, generator=g) * torch.exp(torch.randn(M, 1, generator=g) * 3)
+    if kind == "special" and M:
+        flat = x.view(-1)
+        idx = torch.randperm(flat.numel(), generator=g)[: max(4, flat.numel() // 50)]
+        specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e-40, -1e-40, 0.0, -0.0])
+        flat[idx] = specials[torch.arange(idx.numel()) % specials.numel()]
+        x[0, :32] = 1e-41  # a group of denormals only
+    return x.to(dtype).to(device)
+
+
+def check(res, ids, w, E, B, *, x=None, qd=None, mask=None, nlt=None, moe_buf_init=None,
+          semantics="auto", zero_moe_buf=True):
+    M, K = ids.shape
+    ref = moe_sorting_reference(ids.cpu(), w.cpu(), E, B, None if mask is None else mask.cpu(),
+                                None if nlt is None else nlt.cpu())
+    r_ids, r_w, r_e, r_nv = ref
+    assert res.sorted_ids.shape == r_ids.shape and res.sorted_ids.dtype == torch.int32
+    assert res.sorted_weights.shape == r_w.shape and res.sorted_weights.dtype == torch.float32
+    assert res.sorted_expert_ids.shape == r_e.shape and res.sorted_expert_ids.dtype == torch.int32
+    assert torch.equal(res.num_valid_ids.cpu(), r_nv)
+    n, nb = defined_sort_region(r_nv, B)
+    assert torch.equal(res.sorted_ids.cpu()[:n], r_ids[:n])
+    assert torch.equal(res.sorted_weights.cpu()[:n].view(torch.int32), r_w[:n].view(torch.int32))
+    assert torch.equal(res.sorted_expert_ids.cpu()[:nb], r_e[:nb])
+
+    T = int(r_nv[1])
+    if zero_moe_buf:
+        buf = res.moe_buf.cpu()
+        assert buf.shape == (M, buf.shape[1])
+        want = torch.zeros_like(buf[:T]) if moe_buf_init is None else moe_buf_init.cpu()[:T]
+        assert torch.equal(buf[:T].view(torch.uint8), want.view(torch.uint8))
+        assert (buf[T:].view(torch.uint8) == 0xAB).all(), "rows past T must stay untouched"
+    else:
+        assert res.moe_buf.shape == (0, 0)
+
+    if qd is None:
+        assert res.quant is None
+        return
+    fused = stage1_uses_fused_quant(M, K) if semantics == "auto" else semantics == "fused"
+    q = mx_quant_moe_sort_reference(x.cpu(), r_ids, r_nv, r_w, M, qd, fused=fused)
+    data, scale = res.quant
+    assert data.dtype == qd and data.shape == q.data.shape
+    assert scale.dtype == torch.float8_e8m0fnu and scale.shape == q.scale.shape
+    dd, sd = q.data_defined, q.scale_defined
+    assert torch.equal(data.cpu().view(torch.uint8)[dd], q.data.view(torch.uint8)[dd])
+    assert torch.equal(scale.cpu().view(torch.uint8)[sd], q.scale.view(torch.uint8)[sd])
+
+
+def run(M, K, E, B, N=256, qd=FP4, kind="uniform", xkind="normal", mask=None, nlt=None,
+        init=False, semantics="auto", zero_moe_buf=True, seed=0, buf_dtype=torch.bfloat16):
+    ids, w = routing(M, K, E, kind, seed)
+    x = activations(M, N, xkind, seed) if qd is not None else None
+    moe_buf_init = activations(M, 64, seed=seed + 5, dtype=buf_dtype) if init else None
+    model_dim = 64 if init else 96
+    assert k.unsupported_reason(ids, w, E, model_dim, B, mask, nlt, x, qd, None, moe_buf_init) is None
+    res = k.moe_sort_mx_quant(ids, w, E, model_dim, buf_dtype, B, expert_mask=mask, num_local_tokens=nlt,
+                              quant_input=x, quant_dtype=qd, moe_buf_init=moe_buf_init,
+                              zero_moe_buf=zero_moe_buf, quant_semantics=semantics)
+    check(res, ids, w, E, B, x=x, qd=qd, mask=mask, nlt=nlt, moe_buf_init=moe_buf_init,
+          semantics=semantics, zero_moe_buf=zero_moe_buf)
+    return res
+
+
+# ---- CPU (interpreter) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,K,E,B,N,qd", [
+    (0, 8, 256, 32, 256, FP4),
+    (1, 8, 256, 32, 256, FP4),
+    (3, 4, 8, 16, 256, FP8),
+    (17, 11, 513, 128, 256, FP4),
+    (64, 8, 128, 64, 512, FP8NUZ),
+    (5, 16, 896, 16, 256, FP8),
+    (3, 1, 8, 64, 2048, FP4),
+])
+def test_kernel_matches_reference(M, K, E, B, N, qd):
+    run(M, K, E, B, N, qd)
+
+
+@pytest.mark.parametrize("kind", ["one", "skewed", "bad"])
+def test_routing_patterns(kind):
+    run(17, 4, 8, 16, qd=FP4, kind=kind)
+
+
+def test_sort_only_and_no_moe_buf():
+    res = run(9, 4, 128, 32, qd=None, zero_moe_buf=False)
+    assert res.quant is None
+
+
+def test_num_local_tokens_below_capacity():
+    nlt = torch.tensor([11], dtype=torch.int32, device=DEV)
+    res = run(17, 4, 8, 16, qd=FP4, nlt=nlt, semantics="fused")
+    assert int(res.num_valid_ids[1]) == 11
+    pads = res.sorted_ids[: int(res.num_valid_ids[0])]
+    assert ((pads >> 24) == 4).any() and (pads[(pads >> 24) == 4] & 0xFFFFFF == 11).all()
+
+
+@pytest.mark.parametrize("semantics", ["fused", "split"])
+def test_num_local_tokens_semantics(semantics):
+    run(12, 4, 16, 16, qd=FP8, nlt=torch.tensor([5], dtype=torch.int32, device=DEV), semantics=semantics)
+
+
+def test_num_local_tokens_out_of_range_is_clamped():
+    run(6, 2, 8, 16, qd=FP4, nlt=torch.tensor([100], dtype=torch.int32, device=DEV))
+    run(6, 2, 8, 16, qd=FP4, nlt=torch.tensor([-3], dtype=torch.int32, device=DEV))
+
+
+def test_expert_mask():
+    g = torch.Generator().manual_seed(3)
+    mask = (torch.rand(32, generator=g) < 0.5).to(torch.int32).to(DEV)
+    res = run(9, 4, 32, 16, qd=FP4, mask=mask)
+    nb = int(res.num_valid_ids[0]) // 16
+    assert int(res.sorted_expert_ids[:nb].max()) < int(mask.sum())
+
+
+def test_zero_weights():
+    ids, w = routing(11, 4, 16, "uniform", 7)
+    w[0] = 0.0  # every pair of token 0: zero data row
+    w[1, 0] = -0.0  # mixed token: scale 0 on that pair only, data row undefined
+    w[2, 1:] = 0.0
+    x = activations(11, 256)
+    for sem in ("fused", "split"):
+        res = k.moe_sort_mx_quant(ids, w, 16, 64, torch.bfloat16, 16, quant_input=x, quant_dtype=FP4,
+                                  quant_semantics=sem)
+        check(res, ids, w, 16, 16, x=x, qd=FP4, semantics=sem)
+        row0 = res.quant[0].view(torch.uint8)[0]
+        assert bool((row0 == 0).all()) == (sem == "fused")
+
+
+@pytest.mark.parametrize("qd", [FP4, FP8, FP8NUZ])
+def test_special_values(qd):
+    run(5, 2, 8, 16, N=256, qd=qd, xkind="special")
+
+
+def test_moe_buf_init_copied(monkeypatch):
+    run(7, 2, 8, 16, qd=None, init=True, nlt=torch.tensor([4], dtype=torch.int32, device=DEV))
+    run(5, 2, 8, 16, qd=None, init=True, buf_dtype=torch.float32)
+
+
+def test_caller_moe_buf_filled():
+    ids, w = routing(4, 2, 8)
+    buf = torch.full((4, 40), 3.0, dtype=torch.float16, device=DEV)
+    res = k.moe_sort_mx_quant(ids, w, 8, 40, torch.float16, 16, moe_buf=buf)
+    assert res.moe_buf is buf and not buf.any()
+
+
+def test_multi_launch_path(monkeypatch):
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
+    monkeypatch.setattr(k, "CHUNK_TOKENS", 4)
+    run(23, 4, 8, 16, qd=FP4)
+    run(23, 4, 64, 32, qd=FP8, kind="bad", mask=(torch.arange(64, device=DEV) % 3 != 0).to(torch.int32),
+        nlt=torch.tensor([19], dtype=torch.int32, device=DEV), semantics="fused")
+
+
+def test_unsupported_reason_reads_metadata_only():
+    ids, w = routing(4, 2, 8)
+    x = activations(4, 256)
+    ok = dict(topk_ids=ids, topk_weights=w, num_experts=8, model_dim=64, block_size=16, expert_mask=None,
+              num_local_tokens=None, quant_input=x, quant_dtype=FP4, moe_buf=None, moe_buf_init=None)
+    assert k.unsupported_reason(**ok) is None
+    bad = {
+        "topk_ids": ids.to(torch.int64),
+        "block_size": 24,
+        "num_experts": 1,
+        "quant_input": activations(4, 48),
+        "quant_dtype": torch.float8_e5m2,
+        "moe_buf": torch.empty(4, 65, dtype=torch.bfloat16, device=DEV),
+    }
+    for key, val in bad.items():
+        assert k.unsupported_reason(**{**ok, key: val}) is not None, key
+    assert "contiguous" in k.unsupported_reason(**{**ok, "topk_ids": ids.t().contiguous().t()})
+    assert "contiguous" in k.unsupported_reason(**{**ok, "quant_input": activations(4, 512)[:, ::2]})
+
+
+# ---- GPU: the issue's matrix ---------------------------------------------------------------
+
+DECODE_TOKENS = [0, 1, 2, 3, 7, 16, 31, 64, 127, 256, 509, 1024]
+PREFILL_TOKENS = [2048, 4099, 8192, 32768]
+MODELS = [(256, 8, 7168), (128, 4, 6144), (896, 16, 3584), (128, 8, 2048), (513, 11, 2048), (8, 1, 2048)]
+
+
+def _gpu_cases(tokens):
+    out = []
+    for i, M in enumerate(tokens):
+        for j, (E, K, N) in enumerate(MODELS):
+            if M * K > 140000:
+                continue
+            B = (16, 32, 64, 128)[(i + j) % 4]
+            qd = (FP4, FP8, FP4, FP8NUZ)[(i + 2 * j) % 4]
+            out.append((M, K, E, B, N, qd))
+    return out
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M,K,E,B,N,qd", _gpu_cases(DECODE_TOKENS))
+def test_gpu_decode_matrix(M, K, E, B, N, qd):
+    run(M, K, E, B, N, qd, seed=M + E)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M,K,E,B,N,qd", _gpu_cases(PREFILL_TOKENS))
+def test_gpu_prefill_matrix(M, K, E, B, N, qd):
+    run(M, K, E, B, N, qd, seed=M + E)
+
+
+@pytest.mark.parametrize("kind", ["one", "skewed", "bad"])
+@pytest.mark.parametrize("M", [1, 64, 1024, 8192])
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_routing_patterns(kind, M):
+    run(M, 8, 256, 32, 2048, FP4, kind=kind, xkind="special", seed=M)
+
+
+@pytest.mark.parametrize("M", [1, 37, 1024, 4096])
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_ep_and_local_tokens(M):
+    mask = (torch.arange(256, device=DEV) % 4 == 1).to(torch.int32)
+    nlt = torch.tensor([max(M - 5, 0)], dtype=torch.int32, device=DEV)
+    run(M, 8, 256, 64, 2048, FP8, mask=mask, nlt=nlt, init=True, seed=M)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_cuda_graph_capture():
+    ids, w = routing(16, 8, 256)
+    x = activations(16, 7168)
+    nlt = torch.tensor([16], dtype=torch.int32, device=DEV)
+    k.moe_sort_mx_quant(ids, w, 256, 7168, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4,
+                        num_local_tokens=nlt)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res = k.moe_sort_mx_quant(ids, w, 256, 7168, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4,
+                                  num_local_tokens=nlt)
+    new_ids, new_w = routing(16, 8, 256, seed=9)
+    ids.copy_(new_ids)
+    w.copy_(new_w)
+    nlt.fill_(9)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(res, ids, w, 256, 32, x=x, qd=FP4, nlt=nlt)
+
