@@ -23,6 +23,8 @@ from .registry import (
     unregister,
 )
 from .signatures import Pin
+from .patches.moe_addend_fold import fused_moe_with_addend
+from .patches.sort_extension import SortExtension, SortExtensionError, sort_extension
 
 __version__ = "0.1.0"
 
@@ -33,10 +35,14 @@ __all__ = [
     "Pin",
     "SourcePin",
     "Target",
+    "SortExtension",
+    "SortExtensionError",
     "apply",
+    "fused_moe_with_addend",
     "register",
     "reset_stats",
     "revert",
+    "sort_extension",
     "stats",
     "status",
     "unregister",

@@ -17,7 +17,7 @@ import sys
 
 from .. import runtime
 from ..registry import Patch, Target
-from . import moe_call, pins
+from . import moe_call, pins, relied_on
 
 NAME = "gemm_out_zeroed"
 
@@ -123,6 +123,7 @@ PATCH = Patch(
                "is rebound with it."),
     ),
     kernel_module="aiter_patches.kernels.blockscale_gemm_splitk",
+    relies_on=relied_on.GEMM_OUT_ZEROED,
     order=50,
     check=_check,
 )

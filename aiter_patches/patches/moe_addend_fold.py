@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from ..registry import Patch, Target
-from . import moe_call, pins
+from . import moe_call, pins, relied_on
 from .moe_call import ADD_AFTER, FOLDED, PENDING
 
 NAME = "moe_addend_fold"
@@ -182,6 +182,7 @@ PATCH = Patch(
                "Starts moe_buf from the addend (in the one-launch sort, or one copy after AITER's sort)."),
     ),
     kernel_module="aiter_patches.kernels.moe_sort_mx_quant",
+    relies_on=relied_on.MOE_ADDEND_FOLD,
     order=10,
     check=_check,
 )

@@ -15,7 +15,7 @@ import os
 
 from .. import runtime
 from ..registry import Patch, Target
-from . import moe_call, pins
+from . import moe_call, pins, relied_on
 from .moe_call import StageOneQuant, enum_value, fused_moe_scope_wrapper, quant_helper_wrapper, tensor_key
 
 NAME = "moe_sort_mx_quant"
@@ -187,6 +187,6 @@ PATCH = Patch(
     ),
     kernel_module=KERNEL_MODULE,
     order=30,
-    relies_on=(),
+    relies_on=relied_on.MOE_SORT_MX_QUANT,
     check=_check,
 )

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from ..registry import Patch, Target
-from . import moe_call, pins
+from . import moe_call, pins, relied_on
 from .moe_call import StageOneQuant, fused_moe_scope_wrapper, quant_helper_wrapper
 
 log = logging.getLogger("aiter_patches")
@@ -217,6 +217,7 @@ PATCH = Patch(
                quant_helper_wrapper("fp8"), "Returns an extension's MXFP8 stage-1 quant."),
     ),
     kernel_module=None,
+    relies_on=relied_on.SORT_EXTENSION,
     order=20,
     check=lambda device: __import__("aiter_patches.checks", fromlist=["x"]).check_sort_extension(device),
 )

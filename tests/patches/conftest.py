@@ -1,0 +1,36 @@
+"""Fixtures for patch tests: the stand-in AITER, imported fresh for each test and gone afterwards."""
+
+import pytest
+import torch
+
+from aiter_patches.testing import use_stub_aiter
+
+
+@pytest.fixture
+def stub():
+    """The stand-in ``aiter`` package with ``aiter.fused_moe`` and the GEMM module imported; no patch applied."""
+    with use_stub_aiter() as aiter:
+        import aiter.fused_moe  # noqa: F401
+        import aiter.ops.gemm_op_a8w8  # noqa: F401
+
+        yield aiter
+
+
+@pytest.fixture
+def device():
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def routing(M, E, topk, device, seed=0, skew=None):
+    """Distinct experts per token; ``skew='one'`` sends every token to expert 0 first, ``'hot'`` favours a few."""
+    g = torch.Generator().manual_seed(seed)
+    if skew == "hot":
+        logits = torch.randn(M, E, generator=g) + torch.linspace(6, 0, E)
+    else:
+        logits = torch.rand(M, E, generator=g)
+    ids = logits.argsort(dim=1, descending=True)[:, :topk]
+    if skew == "one":
+        ids[:, 0] = 0
+        ids[:, 1:] = (torch.arange(1, topk) + torch.arange(M)[:, None]) % (E - 1) + 1
+    w = torch.rand(M, topk, generator=g).softmax(dim=1)
+    return ids.to(torch.int32).to(device), w.to(torch.float32).to(device)

@@ -1,0 +1,370 @@
+"""The sort + MX quant patch on the stand-in AITER: same bits as AITER's multi-launch path, or AITER itself."""
+
+import logging
+
+import pytest
+import torch
+
+import aiter_patches
+from aiter_patches import registry
+from aiter_patches.patches import moe_call
+from aiter_patches.reference.moe_sorting import defined_sort_region
+from aiter_patches.reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
+from aiter_patches.verify import suspended
+
+from .conftest import routing
+
+NAME = "moe_sort_mx_quant"
+
+
+def stats():
+    return aiter_patches.stats()[NAME]
+
+
+def moe_inputs(aiter, device, M, E, topk, dim, inter, quant, seed=0, skew=None):
+    g = torch.Generator().manual_seed(seed + 100)
+    ids, w = routing(M, E, topk, device, seed, skew)
+    x = torch.randn(M, dim, generator=g).to(torch.bfloat16).to(device)
+    args = dict(hidden_states=x, topk_weight=w, topk_ids=ids)
+    if quant == "bf16":
+        args["w1"] = (torch.randn(E, 2 * inter, dim, generator=g) / dim**0.5).to(torch.bfloat16).to(device)
+        args["w2"] = (torch.randn(E, dim, inter, generator=g) / inter**0.5).to(torch.bfloat16).to(device)
+        return args
+    if quant == "fp4":
+        w1 = torch.randint(0, 256, (E, 2 * inter, dim // 2), generator=g, dtype=torch.uint8).view(aiter.dtypes.fp4x2)
+        w2 = torch.randint(0, 256, (E, dim, inter // 2), generator=g, dtype=torch.uint8).view(aiter.dtypes.fp4x2)
+    else:
+        w1 = (torch.randn(E, 2 * inter, dim, generator=g)).to(aiter.dtypes.fp8)
+        w2 = (torch.randn(E, dim, inter, generator=g)).to(aiter.dtypes.fp8)
+    s1 = torch.randint(118, 122, (E, 2 * inter, dim // 32), generator=g, dtype=torch.uint8)
+    s2 = torch.randint(118, 122, (E, dim, inter // 32), generator=g, dtype=torch.uint8)
+    args.update(w1=w1.to(device), w2=w2.to(device), quant_type=aiter.QuantType.per_1x32,
+                w1_scale=s1.view(aiter.dtypes.fp8_e8m0).to(device), w2_scale=s2.view(aiter.dtypes.fp8_e8m0).to(device))
+    return args
+
+
+def same_bits(a, b):
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    "M, E, topk, quant, skew",
+    [
+        (1, 8, 2, "fp4", None),
+        (5, 16, 4, "fp4", "hot"),
+        (13, 8, 4, "fp8", "one"),
+        (7, 33, 11, "fp4", None),
+        (4, 16, 3, "bf16", None),
+    ],
+)
+def test_fused_moe_patched_equals_unpatched(stub, device, M, E, topk, quant, skew):
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, M, E, topk, 256, 128, quant, skew=skew)
+    expected = fm.fused_moe(**args)
+    report = aiter_patches.apply([NAME])
+    assert report.applied == [NAME]
+    got = fm.fused_moe(**args)
+    assert same_bits(got, expected)
+    hits = 1 if quant == "bf16" else 2  # the sort, and the stage-1 quant handed back
+    assert stats()["fast"] == hits, stats()
+
+
+def test_num_local_tokens_and_zero_weights(stub, device):
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, 9, 16, 4, 256, 128, "fp4", seed=4)
+    args["topk_weight"][2] = 0.0  # a token with all weights zero
+    args["topk_weight"][3, 1] = 0.0  # and a mixed one
+    args["num_local_tokens"] = torch.tensor([6], dtype=torch.int32, device=device)
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    got = fm.fused_moe(**args)
+    assert same_bits(got[:6], expected[:6])  # rows past num_local_tokens are never written by AITER
+    assert stats()["fast"] == 2
+
+
+def test_sort_outputs_and_quant_bytes_match_over_the_defined_region(stub, device):
+    """The sort call and the stage-1 quant call, compared field by field with the reference's masks."""
+    import aiter.fused_moe as fm
+
+    M, E, topk, dim, block = 6, 16, 4, 512, 32
+    ids, w = routing(M, E, topk, device, seed=2)
+    x = (torch.randn(M, dim, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16).to(device)
+    x[1, :32] = float("nan")  # NaN group -> scale 0xFF
+    x[2, 32:64] = 1e-40  # denormals
+
+    def run():
+        call = moe_call.MoeCall(hidden_states=x, arguments={}, quant_dtype=stub.dtypes.fp4x2)
+        with moe_call.scope(call):
+            s = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+            q = fm.fused_dynamic_mxfp4_quant_moe_sort(x, sorted_ids=s[0], num_valid_ids=s[3], token_num=M, topk=topk,
+                                                      block_size=block, sorted_weights=s[1])
+        return s, q
+
+    with suspended():
+        s0, q0 = run()
+    aiter_patches.apply([NAME])
+    s1, q1 = run()
+    assert stats()["fast"] == 2
+    assert torch.equal(s0[3], s1[3])
+    n_ids, n_blocks = defined_sort_region(s0[3].cpu(), block)
+    assert torch.equal(s0[0][:n_ids], s1[0][:n_ids])
+    assert torch.equal(s0[1][:n_ids].view(torch.int32), s1[1][:n_ids].view(torch.int32))
+    assert torch.equal(s0[2][:n_blocks], s1[2][:n_blocks])
+    assert torch.equal(s1[4], torch.zeros_like(s1[4]))
+    ref = mx_quant_moe_sort_reference(x.cpu(), s0[0].cpu(), s0[3].cpu(), s0[1].cpu(), M, stub.dtypes.fp4x2,
+                                      fused=stage1_uses_fused_quant(M, topk))
+    rows, sd = ref.data_defined, ref.scale_defined
+    assert rows.any() and sd.any()
+    for q in (q0, q1):
+        assert torch.equal(q[0].cpu().view(torch.uint8)[rows], ref.data.view(torch.uint8)[rows])
+        assert torch.equal(q[1].cpu().view(torch.uint8)[sd], ref.scale.view(torch.uint8)[sd])
+
+
+def test_inter_stage_quant_is_not_taken(stub, device):
+    """The stage-2 call of the same helper (rows token*topk+slot) must go to AITER."""
+    import aiter.fused_moe as fm
+    import aiter.ops.quant as quant
+
+    calls = []
+    original = quant.fused_dynamic_mx_quant_moe_sort  # what the mxfp4 helper calls inside
+
+    def counting(*a, **k):
+        calls.append(k["input"].shape[0])
+        return original(*a, **k)
+
+    quant.fused_dynamic_mx_quant_moe_sort = counting
+    args = moe_inputs(stub, device, 5, 8, 2, 256, 128, "fp4")
+    aiter_patches.apply([NAME])
+    fm.fused_moe(**args)
+    assert calls == [5 * 2], "only the inter-stage quant (token*topk rows) reached AITER"
+
+
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda a: a.update(topk_ids=a["topk_ids"].to(torch.int64)), "topk_ids not contiguous int32"),
+        (lambda a: a.update(topk_ids=a["topk_ids"].t().contiguous().t()), "topk_ids not contiguous int32"),
+    ],
+)
+def test_bad_routing_layouts_fall_back_with_a_counted_reason(stub, device, caplog, mutate, reason):
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, 5, 8, 2, 256, 128, "bf16")
+    mutate(args)
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    with caplog.at_level(logging.DEBUG, logger="aiter_patches"):
+        got = fm.fused_moe(**args)
+        fm.fused_moe(**args)
+    assert same_bits(got, expected)
+    assert stats()["fast"] == 0
+    assert any(reason in r and n == 2 for r, n in stats()["fallback"].items()), stats()
+    assert sum(reason in r.getMessage() for r in caplog.records) == 1, "a fallback reason is logged once"
+
+
+def test_ck_sort_and_unknown_keywords_go_to_aiter(stub, device, monkeypatch):
+    import aiter.fused_moe as fm
+
+    ids, w = routing(4, 8, 2, device)
+    aiter_patches.apply([NAME])
+    monkeypatch.setattr(fm, "_USE_CK_MOE_SORTING", True)
+    fm.moe_sorting(ids, w, 8, 128, torch.bfloat16, 32)
+    assert any("use_opus=False" in r for r in stats()["fallback"])
+    with pytest.raises(TypeError, match="surprise"):
+        fm._moe_sorting_impl(ids, w, 8, 128, torch.bfloat16, 32, None, None, 0, True, surprise=1)
+    assert any("unknown keyword 'surprise'" in r for r in stats()["fallback"])
+
+
+def test_bad_expert_ids_never_write_out_of_bounds(stub, device):
+    """Negative and too-large ids are dropped (documented) by both the stand-in and the kernel."""
+    import aiter.fused_moe as fm
+
+    ids, w = routing(6, 8, 3, device)
+    ids[0, 0], ids[3, 2] = -1, 8
+    with suspended():
+        s0 = fm.moe_sorting(ids, w, 8, 64, torch.bfloat16, 16)
+    aiter_patches.apply([NAME])
+    s1 = fm.moe_sorting(ids, w, 8, 64, torch.bfloat16, 16)
+    assert stats()["fast"] == 1
+    assert torch.equal(s0[3], s1[3])
+    n = int(s0[3][0])
+    assert torch.equal(s0[0][:n], s1[0][:n])
+    tokens = s1[0][:n] & 0xFFFFFF
+    assert int(tokens.max()) <= 6
+
+
+def test_later_aiter_with_output_keyword(stub, device):
+    """A later AITER adds output=None to _moe_sorting_impl: the 'output' pin matches; the sort zeroes it."""
+    import aiter.fused_moe as fm
+
+    original = fm._moe_sorting_impl
+
+    def _moe_sorting_impl(topk_ids, topk_weights, num_experts, model_dim, moebuf_dtype, block_size, expert_mask,
+                          num_local_tokens, dispatch_policy, use_opus, return_local_topk_ids=False, accumulate=True,
+                          output_aux=False, output=None):
+        out = original(topk_ids, topk_weights, num_experts, model_dim, moebuf_dtype, block_size, expert_mask,
+                       num_local_tokens, dispatch_policy, use_opus, return_local_topk_ids, accumulate, output_aux)
+        if output is not None:
+            output.zero_()
+            out = (*out[:4], output)
+        return out
+
+    fm._moe_sorting_impl = _moe_sorting_impl
+    report = aiter_patches.apply([NAME])
+    assert report[NAME]["targets"][1]["pin"] == "output"
+    ids, w = routing(5, 8, 2, device)
+    buf = torch.full((5, 64), 7.0, dtype=torch.bfloat16, device=device)
+    out = fm._moe_sorting_impl(ids, w, 8, 64, torch.bfloat16, 16, None, None, 0, True, output=buf)
+    assert out[4] is buf and torch.equal(buf, torch.zeros_like(buf))
+    assert stats()["fast"] == 1
+
+
+def test_drifted_sort_skips_every_patch_on_it(stub, caplog):
+    import aiter.fused_moe as fm
+
+    def _moe_sorting_impl(topk_ids, topk_weights, num_experts, model_dim, moebuf_dtype, block_size, expert_mask,
+                          num_local_tokens, dispatch_policy, use_opus, accumulate=True, output_aux=False):
+        raise AssertionError("never called")
+
+    fm._moe_sorting_impl = _moe_sorting_impl
+    before = fm.fused_moe
+    with caplog.at_level(logging.WARNING, logger="aiter_patches"):
+        report = aiter_patches.apply()
+    assert report.skipped == ["moe_addend_fold", "sort_extension", "moe_sort_mx_quant"]
+    assert report.applied == ["gemm_out_zeroed"]
+    assert fm.fused_moe is before, "all or nothing: fused_moe untouched too"
+    assert all("missing parameter 'return_local_topk_ids'" in report[n]["reason"] for n in report.skipped)
+    assert sum("skipped patch" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_wrong_quant_prediction_costs_nothing_but_time(stub, device, monkeypatch):
+    """A predicted quant that stage 1 never asks for is dropped; results stay AITER's."""
+    import aiter.fused_moe as fm
+    from aiter_patches.patches import moe_sort_mx_quant as patch
+
+    monkeypatch.setattr(patch, "predict_stage1_quant", lambda bound: stub.dtypes.fp4x2)
+    args = moe_inputs(stub, device, 5, 8, 2, 256, 128, "bf16")
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    assert same_bits(fm.fused_moe(**args), expected)
+
+
+def test_kernel_failure_falls_back_and_strict_reraises(stub, device, monkeypatch, caplog):
+    import aiter.fused_moe as fm
+    from aiter_patches.kernels import moe_sort_mx_quant as kernel
+
+    def broken(*a, **k):
+        raise RuntimeError("simulated Triton compile failure")
+
+    monkeypatch.setattr(kernel, "moe_sort_mx_quant", broken)
+    args = moe_inputs(stub, device, 3, 8, 2, 256, 128, "fp4")
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    with caplog.at_level(logging.WARNING, logger="aiter_patches"):
+        got = fm.fused_moe(**args)
+    assert same_bits(got, expected)
+    assert list(stats()["errors"].values()) == [1]
+    assert any("simulated Triton compile failure" in r.getMessage() for r in caplog.records)
+    registry.revert()
+    aiter_patches.apply([NAME], strict=True)
+    with pytest.raises(RuntimeError, match="simulated"):
+        fm.fused_moe(**args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["fp4", "fp8", "bf16"])
+def test_cuda_graph_capture_replays_eager_result(stub, quant):
+    import aiter.fused_moe as fm
+
+    dev = torch.device("cuda")
+    args = moe_inputs(stub, dev, 16, 64, 8, 1024, 256, quant)
+    aiter_patches.apply([NAME])
+    fm.fused_moe(**args)  # compile outside capture
+    static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fm.fused_moe(**static)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fm.fused_moe(**static)
+    for seed in (1, 2):
+        new = moe_inputs(stub, dev, 16, 64, 8, 1024, 256, quant, seed=seed)
+        for k in ("hidden_states", "topk_weight", "topk_ids"):
+            static[k].copy_(new[k])
+        graph.replay()
+        torch.cuda.synchronize()
+        with suspended():
+            eager = fm.fused_moe(**{**args, **{k: new[k] for k in ("hidden_states", "topk_weight", "topk_ids")}})
+        assert same_bits(out, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 2, 7, 64, 257, 1024, 2048, 8192])
+@pytest.mark.parametrize("E, topk, dim", [(256, 8, 7168), (128, 4, 6144), (896, 16, 3584), (513, 11, 2048)])
+def test_full_size_sort_and_quant_bitwise(stub, M, E, topk, dim):
+    """Full-size shapes on the GPU: the one-launch (or prefill) path against the stand-in's multi-launch path."""
+    import aiter.fused_moe as fm
+
+    dev = torch.device("cuda")
+    ids, w = routing(M, E, topk, dev, seed=M)
+    x = torch.randn(M, dim, device=dev).to(torch.bfloat16)
+    block = 32 if M < 1024 else 64
+    for qd in (stub.dtypes.fp4x2, stub.dtypes.fp8):
+        def run():
+            call = moe_call.MoeCall(hidden_states=x, arguments={}, quant_dtype=qd)
+            helper = fm.fused_dynamic_mxfp4_quant_moe_sort if qd == stub.dtypes.fp4x2 \
+                else fm.fused_dynamic_mxfp8_quant_moe_sort
+            with moe_call.scope(call):
+                s = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+                q = helper(x, sorted_ids=s[0], num_valid_ids=s[3], token_num=M, topk=topk, block_size=block,
+                           sorted_weights=s[1])
+            return s, q
+
+        with suspended():
+            s0, q0 = run()
+        registry.revert()
+        aiter_patches.apply([NAME])
+        before = stats()["fast"]
+        s1, q1 = run()
+        assert stats()["fast"] == before + 2, stats()
+        assert torch.equal(s0[3], s1[3])
+        n_ids, n_blocks = defined_sort_region(s0[3].cpu(), block)
+        assert torch.equal(s0[0][:n_ids], s1[0][:n_ids])
+        assert torch.equal(s0[1][:n_ids].view(torch.int32), s1[1][:n_ids].view(torch.int32))
+        assert torch.equal(s0[2][:n_blocks], s1[2][:n_blocks])
+        assert torch.equal(s1[4], torch.zeros_like(s1[4]))
+        ref = mx_quant_moe_sort_reference(x.cpu(), s0[0].cpu(), s0[3].cpu(), s0[1].cpu(), M, qd,
+                                          fused=stage1_uses_fused_quant(M, topk))
+        rows, sd = ref.data_defined.to(dev), ref.scale_defined.to(dev)
+        assert torch.equal(q0[0].view(torch.uint8)[rows], q1[0].view(torch.uint8)[rows])
+        assert torch.equal(q0[1].view(torch.uint8)[sd], q1[1].view(torch.uint8)[sd])
+
+
+@pytest.mark.parametrize("change", ["other values", "other buffers"])
+def test_quant_is_handed_back_only_for_the_call_it_was_made_for(stub, device, change):
+    import aiter.fused_moe as fm
+
+    M, E, topk, dim, block = 4, 8, 2, 256, 32
+    ids, w = routing(M, E, topk, device)
+    x = torch.randn(M, dim, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(device)
+    other = (x * 3).contiguous()
+    aiter_patches.apply([NAME])
+    call = moe_call.MoeCall(hidden_states=x, arguments={}, quant_dtype=stub.dtypes.fp4x2)
+    with moe_call.scope(call):
+        s = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+        inp, sw = (other, s[1]) if change == "other values" else (x, s[1].clone())
+        got = fm.fused_dynamic_mxfp4_quant_moe_sort(inp, sorted_ids=s[0], num_valid_ids=s[3], token_num=M,
+                                                    topk=topk, block_size=block, sorted_weights=sw)
+    with suspended():
+        want = fm.fused_dynamic_mxfp4_quant_moe_sort(inp, sorted_ids=s[0], num_valid_ids=s[3], token_num=M,
+                                                     topk=topk, block_size=block, sorted_weights=sw)
+    assert stats()["fast"] == 1, "the sort ran fast; the quant was not handed back"
+    assert any("stage-1 quant not taken from the sort" in r for r in stats()["fallback"])
+    n = int(s[3][0])
+    rows = (s[0][:n] & 0xFFFFFF).unique()
+    rows = rows[rows < M].long()
+    assert torch.equal(got[0].view(torch.uint8)[rows], want[0].view(torch.uint8)[rows])
