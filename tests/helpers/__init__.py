@@ -1,0 +1,1 @@
+"""Reusable test helpers (not part of the aiter_patches package)."""
