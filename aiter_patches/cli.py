@@ -23,6 +23,10 @@ def _table(rows: list[dict], cols: Sequence[str]) -> str:
 def _cmd_status(args: argparse.Namespace) -> int:
     from . import registry
 
+    if args.from_log:
+        from .process_report import print_log_status
+
+        return print_log_status(args.from_log, as_json=args.json)
     if args.apply:
         registry.apply()
     st = registry.status()
@@ -83,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="state of every patch in this process")
     s.add_argument("--json", action="store_true")
     s.add_argument("--apply", action="store_true", help="call apply() first")
+    s.add_argument("--from-log", metavar="FILE",
+                   help="instead: each process's last status line in a server log ('-' reads stdin)")
     s.set_defaults(func=_cmd_status)
 
     v = sub.add_parser("verify", help="apply the patches and check each against AITER on sample inputs")

@@ -236,6 +236,9 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
                 continue  # idempotent: nothing stacks
             _apply_or_defer(p)
         report = ApplyReport((n, _record(n)) for n in known if n in requested)
+    from .process_report import log_if_changed
+
+    log_if_changed()
     return report
 
 
@@ -278,6 +281,9 @@ class _Hook:
                 return
             _cancel_hooks(st)
             _try_apply(p)
+            from .process_report import log_if_changed
+
+            log_if_changed()
 
 
 def _cancel_hooks(st: _State) -> None:

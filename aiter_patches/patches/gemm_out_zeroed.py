@@ -82,6 +82,12 @@ def _plan(bound: dict):
         if split <= 1:
             return "split count 1: the original launches no memset"
         k = _triton()
+        from ..reference.blockscale_gemm import a_scale_as_read_by_asm
+
+        try:
+            A_scale = a_scale_as_read_by_asm(A_scale)  # as the stand-in's launcher reads it
+        except ValueError as exc:
+            return str(exc)
         reason = runtime.triton_backend_reason(A.device) or k.unsupported_reason(
             A, B, out, A_scale, B_scale, split, bpreshuffle)
         if reason is not None:

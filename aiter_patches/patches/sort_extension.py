@@ -125,6 +125,11 @@ def _validate_quant(ext: SortExtension, arguments: Mapping[str, Any], sorted_ids
     if not isinstance(quant, (tuple, list)) or len(quant) != 2:
         raise SortExtensionError(f"SortExtension '{ext.name}': the sixth item must be (data, scale)")
     data, scale = quant
+    for name, t in (("quant data", data), ("quant scale", scale)):
+        if not isinstance(t, torch.Tensor):
+            raise SortExtensionError(f"SortExtension '{ext.name}': {name} is {type(t).__name__}, not a tensor")
+        if t.device != sorted_ids.device:
+            raise SortExtensionError(f"SortExtension '{ext.name}': {name} is on {t.device}, the sort on {sorted_ids.device}")
     M, model_dim = arguments["topk_ids"].shape[0], int(arguments["model_dim"])
     fp4 = data.dtype == torch.float4_e2m1fn_x2
     want_data = (M, model_dim // 2) if fp4 else (M, model_dim)

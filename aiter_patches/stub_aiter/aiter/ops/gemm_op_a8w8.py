@@ -59,9 +59,11 @@ def _gemm_a8w8_blockscale_bpreshuffle_asm(
 ) -> None:
     """AITER line 377 (the op) and its C++ launcher: check, choose the split, memset when split, launch."""
     from aiter_patches.kernels import blockscale_gemm_splitk as kernel
+    from aiter_patches.reference.blockscale_gemm import a_scale_as_read_by_asm
 
     if bias is not None:
         raise NotImplementedError("the aiter_patches stand-in has no bias epilogue")
+    A_scale = a_scale_as_read_by_asm(A_scale)  # AITER's asm reads ptr[kb * M + m] whatever the strides
     splits = launcher_split(A.shape[1], splitK)
     reason = kernel.unsupported_reason(A, B, out, A_scale, B_scale, splits, bool(bpreshuffle))
     if reason is not None:

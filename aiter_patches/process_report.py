@@ -1,0 +1,228 @@
+"""One summary per process, in the log, for servers that run many processes.
+
+An inference server's tensor-parallel workers are separate processes that each
+import AITER; a user needs to see, per process, whether the patches reached it.
+After ``apply()`` and after a post-import hook applies a pending patch, the
+registry calls ``log_if_changed()``, which logs two lines on the
+``aiter_patches`` logger when this process's patch states changed, at INFO
+once AITER is imported (at DEBUG before: a server's helper processes that
+never import AITER stay quiet):
+
+    aiter_patches: process 4242 [RANK=1 LOCAL_RANK=1] SpawnProcess-2 via run: applied 4 (...); ...
+    aiter_patches status: {"pid": 4242, ...}
+
+The first is for people; the second is one line of JSON that
+``aiter-patches status --from-log FILE`` reads back (the last one per pid).
+Command lines are never logged: they can hold secrets (API keys).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import sys
+from typing import Any, Iterable, TextIO
+
+log = logging.getLogger("aiter_patches")
+
+MARKER = "aiter_patches status: "
+
+# Rank variables set by torchrun, vLLM and SGLang launchers; reported when present.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TP_RANK", "DP_RANK",
+                  "VLLM_DP_RANK", "SGLANG_DP_RANK")
+
+_STATE_ORDER = ("applied", "skipped", "pending", "disabled", "inactive")
+
+_via: list[str] = []
+_last_logged: tuple | None = None
+
+
+def note_start(via: str) -> None:
+    """Record how the patches were switched on in this process (``run``, ``auto``, ``vllm_plugin``)."""
+    if via not in _via:
+        _via.append(via)
+
+
+def log_if_changed() -> None:
+    """Log the summary and status lines if this process's patch states changed since the last ones; never raises.
+
+    Called by the registry at the end of ``apply()`` and after a post-import
+    hook applied a patch. While another pending patch's modules are all
+    imported its own hook is about to run: the summary waits for it, so one
+    import of ``aiter.fused_moe`` gives one summary, not one per patch.
+    """
+    global _last_logged
+    try:
+        from . import registry
+
+        if _hooks_about_to_run(registry):
+            return
+        record = status_record()
+        key = (record["pid"], json.dumps(record["patches"], sort_keys=True))
+        if key == _last_logged:
+            return
+        _last_logged = key
+        level = logging.INFO if record["aiter"]["imported"] else logging.DEBUG
+        log.log(level, "%s", summary_line(record))
+        log.log(level, "%s%s", MARKER, json.dumps(record, separators=(",", ":"), default=str))
+    except Exception:  # reporting must never break apply() or an import
+        log.debug("aiter_patches: could not write the process summary", exc_info=True)
+
+
+def log_after_fork() -> None:
+    """In a forked child that inherited applied or pending patches: its own summary (its pid differs)."""
+    from . import registry
+
+    if not registry._lock.acquire(blocking=False):  # held by a thread that did not survive the fork
+        return
+    try:
+        if any(p["state"] in ("applied", "pending") for p in registry.status()["patches"]):
+            log_if_changed()
+    except Exception:  # never in the way of a fork
+        log.debug("aiter_patches: could not write the summary after fork", exc_info=True)
+    finally:
+        registry._lock.release()
+
+
+def _hooks_about_to_run(registry) -> bool:
+    for p in registry.patches():
+        if registry._states[p.name].state == "pending" and all(t.module in sys.modules for t in p.targets):
+            return True
+    return False
+
+
+def rank_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in RANK_VARIABLES if os.environ.get(k, "") != ""}
+
+
+def _process_name() -> str | None:
+    name = multiprocessing.current_process().name
+    return None if name == "MainProcess" else name
+
+
+def _title() -> str | None:
+    """The process title a server set (SGLang: ``sglang::scheduler_TP0``), if setproctitle is loaded."""
+    spt = sys.modules.get("setproctitle")
+    try:
+        return spt.getproctitle() if spt is not None else None
+    except Exception:
+        return None
+
+
+def status_record() -> dict[str, Any]:
+    """This process and the compact state of every patch: what the status line carries."""
+    from . import registry
+
+    st = registry.status()
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "process": _process_name(),
+        "title": _title(),
+        "env": rank_env(),
+        "via": list(_via) or ["apply"],
+        "aiter": st["aiter"],
+        "patches": [
+            {
+                "name": p["name"],
+                "state": p["state"],
+                "reason": p["reason"],
+                "targets": [{"location": t["location"], "pin": t["pin"], "aliases": t["aliases"]}
+                            for t in p["targets"]],
+            }
+            for p in st["patches"]
+        ],
+    }
+
+
+def _aliases(record: dict[str, Any]) -> list[str]:
+    seen = {a for p in record.get("patches", []) if p["state"] == "applied"
+            for t in p.get("targets", []) for a in t.get("aliases", [])}
+    return sorted(seen)
+
+
+def _waiting_for(record: dict[str, Any]) -> list[str]:
+    mods: list[str] = []
+    for p in record.get("patches", []):
+        if p["state"] == "pending" and p.get("reason", "").startswith("waiting for import of "):
+            for m in p["reason"][len("waiting for import of "):].split(", "):
+                if m not in mods:
+                    mods.append(m)
+    return mods
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """The human line: who this process is, and the patches by state."""
+    who = f"process {record['pid']}"
+    if record.get("env"):
+        who += " [" + " ".join(f"{k}={v}" for k, v in record["env"].items()) + "]"
+    for extra in (record.get("process"), record.get("title")):
+        if extra:
+            who += f" {extra}"
+    who += " via " + "+".join(record.get("via") or ["?"])
+    parts = []
+    for state in _STATE_ORDER:
+        names = [p["name"] for p in record.get("patches", []) if p["state"] == state]
+        if not names or state == "inactive":
+            continue
+        text = f"{state} {len(names)} ({', '.join(names)})"
+        if state == "pending":
+            text += f" waiting for import of {', '.join(_waiting_for(record))}"
+        parts.append(text)
+    body = "; ".join(parts) or "no patch requested"
+    aliases = _aliases(record)
+    if aliases:
+        body += f"; rebound aliases: {', '.join(aliases)}"
+    return f"aiter_patches: {who}: {body}"
+
+
+# ---------------------------------------------------------------- reading a log back
+
+def read_log(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The last status record of each pid in a log, in the order the pids first appear.
+
+    The marker may follow any prefix a server's log format adds; lines that do
+    not parse are ignored (a log can be cut mid-line).
+    """
+    decoder = json.JSONDecoder()
+    latest: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        at = line.find(MARKER)
+        if at < 0:
+            continue
+        try:
+            record, _ = decoder.raw_decode(line, at + len(MARKER))
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("pid"), int):
+            latest[record["pid"]] = record  # dict keeps first-insertion order
+    return list(latest.values())
+
+
+def _open_log(path: str) -> TextIO:
+    return sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")
+
+
+def print_log_status(path: str, *, as_json: bool) -> int:
+    """``aiter-patches status --from-log PATH``: 0 when the log has status lines, 1 when it has none, 2 if unreadable."""
+    try:
+        stream = _open_log(path)
+    except OSError as exc:
+        print(f"cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
+        records = read_log(stream)
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    if not records:
+        print(f"no '{MARKER.strip()}' lines in {path}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps({"processes": records}, indent=2, default=str))
+        return 0
+    for record in records:
+        print(summary_line(record).removeprefix("aiter_patches: "))
+    return 0
