@@ -156,6 +156,20 @@ def quant_helper_wrapper(kind: str):
     return factory
 
 
+def stage1_quant_targets(producer: str) -> tuple:
+    """The two MX quant-sort helpers ``fused_moe_2stages`` looks up in ``aiter.fused_moe``'s globals,
+    as targets that hand back a stage-1 quant made by ``producer`` (the sort, or an extension)."""
+    from ..registry import Target
+    from . import pins
+
+    return tuple(
+        Target("aiter.fused_moe", f"fused_dynamic_mx{kind}_quant_moe_sort", pin, quant_helper_wrapper(kind),
+               f"Looked up in aiter.fused_moe's globals by fused_moe_2stages: returns {producer}'s "
+               f"MX{kind.upper()} stage-1 quant.")
+        for kind, pin in (("fp4", pins.MXFP4_QUANT_MOE_SORT), ("fp8", pins.MXFP8_QUANT_MOE_SORT))
+    )
+
+
 def _mismatch(q: StageOneQuant, bound: dict, kind: str) -> str | None:
     x = bound.get("input")
     if x is None or not hasattr(x, "shape") or x.dim() != 2:

@@ -16,7 +16,7 @@ import os
 from .. import runtime
 from ..registry import Patch, Target
 from . import moe_call, pins, relied_on
-from .moe_call import StageOneQuant, enum_value, fused_moe_scope_wrapper, quant_helper_wrapper, tensor_key
+from .moe_call import StageOneQuant, enum_value, fused_moe_scope_wrapper, stage1_quant_targets, tensor_key
 
 NAME = "moe_sort_mx_quant"
 KERNEL_MODULE = "aiter_patches.kernels.moe_sort_mx_quant"
@@ -178,12 +178,7 @@ PATCH = Patch(
                "Predicts the stage-1 MX quant from the arguments and opens the per-call hand-off."),
         Target("aiter.fused_moe", "_moe_sorting_impl", pins.MOE_SORTING_IMPL, _sort_wrapper,
                "Looked up in aiter.fused_moe's globals by moe_sorting at call time: the one-launch sort (+ quant)."),
-        Target("aiter.fused_moe", "fused_dynamic_mxfp4_quant_moe_sort", pins.MXFP4_QUANT_MOE_SORT,
-               quant_helper_wrapper("fp4"),
-               "Looked up in aiter.fused_moe's globals by fused_moe_2stages: returns the sort's MXFP4 quant."),
-        Target("aiter.fused_moe", "fused_dynamic_mxfp8_quant_moe_sort", pins.MXFP8_QUANT_MOE_SORT,
-               quant_helper_wrapper("fp8"),
-               "Looked up in aiter.fused_moe's globals by fused_moe_2stages: returns the sort's MXFP8 quant."),
+        *stage1_quant_targets("the sort"),
     ),
     kernel_module=KERNEL_MODULE,
     order=30,

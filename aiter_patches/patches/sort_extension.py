@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 from ..registry import Patch, Target
 from . import moe_call, pins, relied_on
-from .moe_call import StageOneQuant, fused_moe_scope_wrapper, quant_helper_wrapper
+from .moe_call import StageOneQuant, fused_moe_scope_wrapper, stage1_quant_targets
 
 log = logging.getLogger("aiter_patches")
 
@@ -216,10 +216,7 @@ PATCH = Patch(
                "Opens the per-call hand-off an extension's stage-1 quant travels through."),
         Target("aiter.fused_moe", "_moe_sorting_impl", pins.MOE_SORTING_IMPL, _sort_wrapper,
                "Offers the call to the active extensions, innermost first."),
-        Target("aiter.fused_moe", "fused_dynamic_mxfp4_quant_moe_sort", pins.MXFP4_QUANT_MOE_SORT,
-               quant_helper_wrapper("fp4"), "Returns an extension's MXFP4 stage-1 quant."),
-        Target("aiter.fused_moe", "fused_dynamic_mxfp8_quant_moe_sort", pins.MXFP8_QUANT_MOE_SORT,
-               quant_helper_wrapper("fp8"), "Returns an extension's MXFP8 stage-1 quant."),
+        *stage1_quant_targets("an extension"),
     ),
     kernel_module=None,
     relies_on=relied_on.SORT_EXTENSION,
