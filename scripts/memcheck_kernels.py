@@ -21,7 +21,7 @@ from aiter_patches.reference.blockscale_gemm import shuffle_weight_16x16  # noqa
 
 def sort_cases(dev):
     for M, E, topk, dim, block in [(0, 8, 2, 256, 32), (1, 256, 8, 7168, 32), (37, 513, 11, 2048, 16),
-                                   (1024, 896, 16, 3584, 128), (4096, 256, 8, 7168, 64)]:
+                                   (300, 896, 16, 3584, 128), (2100, 256, 8, 7168, 64)]:
         ids = torch.randint(0, E, (M, topk), device=dev, dtype=torch.int32)
         if M:
             ids[0, 0] = -1
@@ -47,7 +47,7 @@ def gemm_cases(dev):
         a_s = torch.rand(K // 128, M, device=dev).t()
         b_s = torch.rand(N // 128, K // 128, device=dev)
         out = torch.zeros(M, N, device=dev, dtype=torch.bfloat16)
-        for split in range(1, 17):
+        for split in (1, 2, 3, 4, 8, 16):
             if gemm.unsupported_reason(A, B, out, a_s, b_s, split, True) is None:
                 gemm.blockscale_gemm_splitk(A, B, out, a_s, b_s, splits=split, zero_out=split % 2 == 0)
         torch.cuda.synchronize()

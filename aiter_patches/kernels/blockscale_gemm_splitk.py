@@ -16,8 +16,10 @@ workspace is a per-call `torch.empty`, which is safe under CUDA-graph capture.
 
 Operand layouts are AITER's: A fp8 [M, K] (row stride free, K contiguous); B fp8
 [N, K], contiguous, either plain or pre-shuffled by AITER's `shuffle_weight(B, (16, 16))`;
-A_scale fp32, the logical [M, K/128] tensor read through its strides (AITER stores
-it K-major: strides (1, M)); B_scale fp32 [N/128, K/128] read through its strides;
+A_scale fp32, the logical [M, K/128] tensor read through its strides (AITER's memory
+is K-major, so its logical view has strides (1, M); AITER's own argument is a contiguous
+[M, K/128] reinterpretation of that memory: see reference.blockscale_gemm.a_scale_as_read_by_asm);
+B_scale fp32 [N/128, K/128] read through its strides;
 out bf16 [M, N] with unit column stride. A split covers whole 128-wide K tiles and
 the split count must pass AITER's own alignment check (`valid_split`).
 """
@@ -61,8 +63,10 @@ def _blockscale_gemm_kernel(
 
     a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + (kb_start * BLOCK_K + offs_k)[None, :]
     if B_PRESHUFFLED:
-        # A group of 16 weight rows is one contiguous run of 16*K bytes; one 128-wide
-        # K tile of that group is 16*128 consecutive bytes of it.
+        # A group of 16 weight rows is one contiguous run of 16*K bytes; one 128-wide K tile
+        # of that group is 16*128 consecutive bytes of it: load those runs as they lie
+        # (wide, coalesced loads) and permute in registers. Computing each element's
+        # shuffled address instead measured 2-10x slower on an H200.
         offs_g = pid_n * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
         offs_run = kb_start * (BLOCK_K * 16) + tl.arange(0, BLOCK_K * 16)
         b_ptrs = b_ptr + offs_g[:, None].to(tl.int64) * (K * 16) + offs_run[None, :]
@@ -146,24 +150,33 @@ def choose_splitk(M: int, N: int, K: int, tile_m: int, tile_n: int, tile_k: int,
 
 
 def block_config(M: int) -> dict:
-    """Tile shape and launch options by M (K tile is always 128, the scale block)."""
+    """Tile shape, launch options and resident CTAs per SM (shared-memory bound), by M.
+
+    The K tile is always 128 (the scale block). BLOCK_N=64 measured best at M <= 64 on an
+    H200 (bench/bench_blockscale_gemm.py --tune): more CTAs to keep weight loads in flight.
+    """
     if M <= 16:
-        return dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=4)
+        return dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4, ctas_per_sm=5)
     if M <= 32:
-        return dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4)
+        return dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4, ctas_per_sm=4)
     if M <= 64:
-        return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4)
-    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4, ctas_per_sm=3)
+    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, ctas_per_sm=2)
 
 
 def choose_splits_triton(M: int, N: int, K: int, num_sms: int) -> int:
-    """Default split count for this kernel: fill the GPU about twice, keep >= 4 K tiles a split."""
+    """Default split count for this kernel: the most splits that still fit one wave of CTAs.
+
+    Each split must keep >= 4 K tiles (>= 8 above M=16, where the fp32 partials it writes
+    and the last CTA reads back grow with M) and pass AITER's alignment check.
+    """
     cfg = block_config(M)
     tiles = math.ceil(M / cfg["BLOCK_M"]) * (N // cfg["BLOCK_N"])
-    k_tiles = K // SCALE_BLOCK
+    slots = num_sms * cfg["ctas_per_sm"]
+    min_k_tiles = 4 if M <= 16 else 8
     best = 1
     for s in range(2, MAX_SPLITS + 1):
-        if tiles * (s - 1) >= 2 * num_sms or math.ceil(k_tiles / s) < 4:
+        if tiles * s > slots or k_tiles_per_split(K, s) < min_k_tiles:
             break
         if valid_split(K, s):
             best = s
@@ -217,10 +230,10 @@ _counters: dict[tuple[int, int], list[torch.Tensor]] = {}
 
 
 def _stream_key(device: torch.device) -> tuple[int, int]:
-    if device.type == "cuda":
-        return device.index if device.index is not None else torch.cuda.current_device(), \
-            torch.cuda.current_stream(device).cuda_stream
-    return -1, 0
+    if device.type != "cuda":
+        return -1, 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, torch.cuda.current_stream(device).cuda_stream
 
 
 def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -228,13 +241,18 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
     One buffer per (device, stream) so concurrent streams never share a counter. A
     larger request allocates a new buffer; the old ones stay alive because captured
-    CUDA graphs may still point at them.
+    CUDA graphs may still point at them. A buffer first needed inside a CUDA-graph
+    capture is not cached: its zero fill is a node of that graph alone (and its
+    memory the graph's), so each capturing call gets its own, zeroed at every replay.
     """
-    bufs = _counters.setdefault(_stream_key(device), [])
-    if not bufs or bufs[-1].numel() < n:
-        bufs.append(torch.zeros(max(n, 4096, 2 * bufs[-1].numel() if bufs else 0), dtype=torch.int32,
-                                device=device))
-    return bufs[-1]
+    bufs = _counters.get(_stream_key(device), [])
+    if bufs and bufs[-1].numel() >= n:
+        return bufs[-1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    buf = torch.zeros(max(n, 4096, 2 * bufs[-1].numel() if bufs else 0), dtype=torch.int32, device=device)
+    _counters.setdefault(_stream_key(device), []).append(buf)
+    return buf
 
 
 def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshuffled: bool = True,
