@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from . import runtime
 from .runtime import PatchCounters

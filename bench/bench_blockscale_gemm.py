@@ -13,67 +13,20 @@ that must move / measured copy bandwidth) and the launch floor (an empty kernel)
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiter_patches.kernels import blockscale_gemm_splitk as bg  # noqa: E402
 from aiter_patches.reference.blockscale_gemm import blockscale_gemm_reference, shuffle_weight_16x16  # noqa: E402
+from bench.harness import copy_bandwidth, graph_us, launch_floor_us  # noqa: E402
 
 MS = [1, 7, 16, 64, 512, 4096]
 SHAPES = [(7168, 2048), (4608, 7168), (24576, 1536), (7168, 16384), (1536, 7168)]
 ROTATE_BYTES = 256 << 20
-
-
-@triton.jit
-def _empty_kernel(x_ptr):
-    pass
-
-
-def graph_us(calls, n_calls: int, reps: int = 7) -> float:
-    """Median microseconds per call over `reps` replays of a graph of `n_calls` calls cycling `calls`."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(n_calls):
-            calls[i % len(calls)]()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / n_calls)
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a device-to-device copy (read + write counted)."""
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = graph_us([lambda: dst.copy_(src)], 10, reps=5)
-    return 2 * n / (us * 1e-6)
-
-
-def launch_floor_us() -> float:
-    x = torch.empty(1, device="cuda")
-    return graph_us([lambda: _empty_kernel[(1,)](x)], 200)
 
 
 def make_set(M, N, K, seed):
@@ -87,26 +40,34 @@ def make_set(M, N, K, seed):
 
 
 def scaled_mm_call(s, M):
-    """A zero-arg call of torch's block-scaled fp8 matmul for input set `s`, or raise with the reason."""
+    """A zero-arg call of torch's block-scaled fp8 matmul for input set `s`, or raise with the reason.
+
+    Tries the scale layouts torch may want (it asks for scale_b as [K/128, N/128]) and keeps
+    the first whose result matches the reference.
+    """
     F = torch.nn.functional
     st = F.ScalingType
     pad = max(4, -(-M // 4) * 4) - M
-    A = torch.nn.functional.pad(s["A"].view(torch.uint8), (0, 0, 0, pad)).view(torch.float8_e4m3fn) if pad else s["A"]
-    sa = s["sa"]
-    if pad:
-        sa = torch.nn.functional.pad(sa.t(), (0, pad), value=1.0).t()  # keep K-major (outer-dim-major)
+    A = F.pad(s["A"].view(torch.uint8), (0, 0, 0, pad)).view(torch.float8_e4m3fn) if pad else s["A"]
+    sa = F.pad(s["sa"].t(), (0, pad), value=1.0).t() if pad else s["sa"]  # stays K-major
     b = s["B"].t()
-
-    def call():
-        return F.scaled_mm(A, b, sa, st.BlockWise1x128, s["sb"], st.BlockWise128x128,
-                           output_dtype=torch.bfloat16)
-
     ref = blockscale_gemm_reference(s["A"], s["B"], s["sa"], s["sb"])
-    got = call()[:M].float()
-    err = ((got - ref).norm() / ref.norm()).item()
-    if err > 2e-2:
-        raise RuntimeError(f"scaled_mm result off by {err:.3g}")
-    return call, (f" (M padded to {M + pad})" if pad else "")
+    errors = []
+    for sa_v in (sa, sa.contiguous()):
+        for sb_v in (s["sb"].t(), s["sb"].t().contiguous(), s["sb"]):
+            def call(sa_v=sa_v, sb_v=sb_v):
+                return F.scaled_mm(A, b, sa_v, st.BlockWise1x128, sb_v, st.BlockWise128x128,
+                                   output_dtype=torch.bfloat16)
+            try:
+                got = call()[:M].float()
+            except Exception as e:  # noqa: BLE001 - try the next layout
+                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:80]}")
+                continue
+            err = ((got - ref).norm() / ref.norm()).item()
+            if err <= 2e-2:
+                return call, (f" (M padded to {M + pad})" if pad else "")
+            errors.append(f"result off by {err:.3g}")
+    raise RuntimeError("; ".join(dict.fromkeys(errors)))
 
 
 def bench_shape(M, N, K, bw, floor, sweep):
@@ -143,6 +104,36 @@ def bench_shape(M, N, K, bw, floor, sweep):
         row["sweep"] = {s: graph_us(gemm(s, False), n_calls) for s in range(1, bg.MAX_SPLITS + 1)
                         if bg.valid_split(K, s)}
     return row
+
+
+TUNE_CONFIGS = {
+    16: [(16, 128, 4, 4), (16, 64, 4, 4), (16, 128, 8, 4)],
+    64: [(64, 128, 4, 4), (64, 64, 4, 4), (64, 128, 8, 4), (32, 128, 4, 4)],
+}
+
+
+def tune_shape(M, N, K):
+    """Best (config, split) for this shape over TUNE_CONFIGS x valid splits; returns printable lines."""
+    sets = [make_set(M, N, K, seed) for seed in range(4)]
+    n_calls = 40
+    lines, default_cfg = [], bg.block_config
+    try:
+        for bm, bn, warps, stages in TUNE_CONFIGS[16 if M <= 16 else 64]:
+            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+            bg.block_config = lambda m, cfg=cfg: cfg
+            times = {}
+            for split in (1, 2, 3, 4, 6, 7, 8, 10, 14, 16):
+                if bg.valid_split(K, split):
+                    calls = [lambda s=s, split=split: bg.blockscale_gemm_splitk(
+                        s["A"], s["Bs"], s["out"], s["sa"], s["sb"], splits=split, zero_out=False) for s in sets]
+                    times[split] = graph_us(calls, n_calls)
+            best = min(times, key=times.get)
+            lines.append(f"| {M} | {N} | {K} | {bm}x{bn} w{warps} s{stages} | {best} | {times[best]:.1f} | "
+                         + ", ".join(f"{k}: {v:.1f}" for k, v in times.items()) + " |")
+            print(lines[-1], flush=True)
+    finally:
+        bg.block_config = default_cfg
+    return lines
 
 
 def fmt(x):
@@ -184,7 +175,15 @@ def main() -> None:
     p.add_argument("--out", required=True, help="markdown file to write")
     p.add_argument("--ms", type=int, nargs="*", default=MS)
     p.add_argument("--sweep", action="store_true", help="also time every valid split at M <= 64")
+    p.add_argument("--tune", action="store_true", help="only sweep tile configs x splits at M <= 64")
     args = p.parse_args()
+    if args.tune:
+        lines = ["| M | N | K | config | best split | us | by split |", "|---|---|---|---|---|---|---|"]
+        for N, K in SHAPES:
+            for M in [m for m in args.ms if m <= 64]:
+                lines += tune_shape(M, N, K)
+        Path(args.out).write_text("\n".join(lines) + "\n")
+        return
     torch.manual_seed(0)
     bw = copy_bandwidth()
     floor = launch_floor_us()

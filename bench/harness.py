@@ -13,7 +13,6 @@ from typing import Callable, Sequence
 
 import torch
 import triton
-import triton.language as tl
 
 
 @triton.jit
