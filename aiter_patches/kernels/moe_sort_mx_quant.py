@@ -2,16 +2,16 @@
 
 Why: at decode sizes AITER spends a sort launch (two below 2048 tokens), a zero-fill inside it
 and one or two quant launches on a few hundred bytes of routing data. Here one grid does it all:
-program ``t`` owns token ``t``. It histograms all routing pairs (cheap: at most 16384 ids, read
-from L2) to get every expert's padded segment start, ranks its own ``topk`` pairs among the
-pairs before them, and writes their ``sorted_ids``/``sorted_weights``/``sorted_expert_ids``
-entries, the e8m0 scale bytes of its row at the swizzled sorted-row addresses, its quantized
-data row and its ``moe_buf`` row. No program waits for another. The padding entries are
-written by all programs, one padding slot index ``j`` each in turn.
+program ``t`` owns token ``t``. It counts every expert's pairs (one-hot sums over all routing
+ids, read from L2) to get each padded segment's start, counts the pairs of its own experts
+before its token, and writes its ``topk`` entries of ``sorted_ids``/``sorted_weights``/
+``sorted_expert_ids``, the padding after an expert's last pair (when it owns that pair), its
+e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row and its
+``moe_buf`` row. No program waits for another.
 
-Large batches (``tokens * topk > ONE_LAUNCH_MAX_PAIRS``) add two small launches before the same
-kernel: per-chunk expert histograms, then a scan over chunks, so each program reads only its
-chunk's prefix.
+Large batches (``pairs x expert bins > ONE_LAUNCH_MAX_WORK``) add two small launches before the
+same kernel: expert counts per token chunk, then an exclusive scan over chunks, so each program
+counts only inside its chunk.
 
 Semantics are those of ``aiter_patches.reference.moe_sorting`` and ``...reference.mx_quant``
 (out-of-range expert ids dropped, ``num_local_tokens`` read on the device and clamped to
@@ -36,12 +36,16 @@ import torch
 import triton
 import triton.language as tl
 
-ONE_LAUNCH_MAX_PAIRS = 16384
-MAX_EXPERTS = 4096
+# One launch while each program's redundant count of all pairs stays short; above it two
+# small launches count per chunk of ~CHUNK_PAIRS pairs first.
+ONE_LAUNCH_MAX_PAIRS = 2048
+CHUNK_PAIRS = 1024
+TILE = 8192  # elements of a one-hot counting tile
+ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until about this many
+MAX_EXPERTS = 2048
 MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
 INT32_LIMIT = 2**31 - 1
-CHUNK_TOKENS = 64  # tokens per histogram chunk of the multi-launch path
 
 _FP_FORMATS = {
     # integer description of each element format: mantissa bits, min normal exponent, max
@@ -150,6 +154,33 @@ def _store_data_row(q_row_ptr, code, G, FP4: tl.constexpr, G_PAD: tl.constexpr):
 
 
 @triton.jit
+def _count_experts(ids_ptr, mask_ptr, lo, hi, E, E_BINS: tl.constexpr, PC: tl.constexpr,
+                   HAS_MASK: tl.constexpr, USE_HIST: tl.constexpr):
+    """Kept pairs per expert bin among pairs ``[lo, hi)``: one-hot sums for a small tile, else
+    ``tl.histogram`` (one-hot cost grows with pairs x bins, the histogram's with pairs)."""
+    bins = tl.arange(0, E_BINS)
+    cnt = tl.zeros([E_BINS], tl.int32)
+    for c in range(lo, hi, PC):
+        e, keep = _expert_bins(ids_ptr, mask_ptr, c + tl.arange(0, PC), hi, E, E_BINS, HAS_MASK)
+        if USE_HIST:
+            cnt += tl.histogram(e, E_BINS)
+        else:
+            cnt += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    return cnt
+
+
+@triton.jit
+def _count_same_expert(ids_ptr, mask_ptr, lo, hi, eq, E, E_BINS: tl.constexpr, PC: tl.constexpr,
+                       HAS_MASK: tl.constexpr):
+    """For each expert in ``eq``: kept pairs among ``[lo, hi)`` routed to it."""
+    acc = tl.zeros(eq.shape, tl.int32)
+    for c in range(lo, hi, PC):
+        e, keep = _expert_bins(ids_ptr, mask_ptr, c + tl.arange(0, PC), hi, E, E_BINS, HAS_MASK)
+        acc += tl.sum(((eq[:, None] == e[None, :]) & keep[None, :]).to(tl.int32), axis=1)
+    return acc
+
+
+@triton.jit
 def _sort_quant_kernel(
     ids_ptr, w_ptr, mask_ptr, nlt_ptr,
     sid_ptr, sw_ptr, seid_ptr, nv_ptr,
@@ -158,93 +189,106 @@ def _sort_quant_kernel(
     pre_ptr, tot_ptr,
     M, E, D, G,
     K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr,
-    E_BINS: tl.constexpr, PAIR_CHUNK: tl.constexpr,
+    E_BINS: tl.constexpr, COUNT_CHUNK: tl.constexpr, USE_HIST: tl.constexpr, RANK_CHUNK: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr,
     QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr,
     MAXC: tl.constexpr, NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
     INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr,
-    G_PAD: tl.constexpr, SNP: tl.constexpr, FUSED: tl.constexpr,
-    BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr,
-    PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr,
+    SNP: tl.constexpr, FUSED: tl.constexpr,
+    BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, D_SPLIT,
+    PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr,
 ):
     t = tl.program_id(0)
-    nprog = tl.num_programs(0)
+    cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
+    g0 = cs * G_TILE
     T = _token_count(nlt_ptr, M, HAS_NLT)
     P = T * K
     my_first = t * K
     bins = tl.arange(0, E_BINS)
+    row = t.to(tl.int64)
 
-    # per-expert pair counts, and counts of the pairs before this token's
+    # row work first: its loads overlap the routing math below
+    if QUANT:
+        if FP4:
+            q_row = q_ptr + row * (G * 16) + g0 * 16
+        else:
+            q_row = q_ptr + row * (G * 32) + g0 * 32
+        g_left = G - g0
+        s, code = _mx_quant_row(x_ptr + row * x_stride + g0 * 32, tl.where(t < M, g_left, 0), MB, EMIN,
+                                MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, G_TILE)
+    if BUF_MODE != 0:
+        if t < T:
+            d_lo = cs * D_SPLIT
+            d_hi = tl.minimum(d_lo + D_SPLIT, D)
+            for d0 in range(d_lo, d_hi, D_BLOCK):
+                d = d0 + tl.arange(0, D_BLOCK)
+                if BUF_MODE == 1:
+                    val = tl.zeros([D_BLOCK], buf_ptr.dtype.element_ty)
+                else:
+                    val = tl.load(init_ptr + row * init_stride + d, mask=d < d_hi)
+                tl.store(buf_ptr + row * D + d, val, mask=d < d_hi)
+
+    # this token's pairs
+    slot = tl.arange(0, K_PAD)
+    q = my_first + slot
+    eq, keep_q = _expert_bins(ids_ptr, mask_ptr, q, tl.where(t < T, my_first + K, 0), E,
+                              E_BINS, HAS_MASK)
+    keep_q = keep_q & (slot < K)
+
+    # per-expert pair counts; pairs of my experts before my token
     if PRESCANNED:
         chunk = t // CHUNK_T
         cnt = tl.load(tot_ptr + bins)
-        before = tl.load(pre_ptr + chunk * E_BINS + bins)
+        before = tl.load(pre_ptr + chunk * E_BINS + eq, mask=keep_q, other=0)
         scan_lo = chunk * CHUNK_T * K
-        scan_hi = tl.minimum(my_first, P)
     else:
-        cnt = tl.zeros([E_BINS], tl.int32)
-        before = tl.zeros([E_BINS], tl.int32)
+        cnt = _count_experts(ids_ptr, mask_ptr, 0, P, E, E_BINS, COUNT_CHUNK, HAS_MASK, USE_HIST)
+        before = tl.zeros([K_PAD], tl.int32)
         scan_lo = 0
-        scan_hi = P
-    for c in range(scan_lo, scan_hi, PAIR_CHUNK):
-        p = c + tl.arange(0, PAIR_CHUNK)
-        eb, keep = _expert_bins(ids_ptr, mask_ptr, p, scan_hi, E, E_BINS, HAS_MASK)
-        if not PRESCANNED:
-            cnt += tl.histogram(eb, E_BINS)
-        before += tl.histogram(tl.where(p < my_first, eb, E_BINS - 1), E_BINS)
-    real = bins < E
-    cnt = tl.where(real, cnt, 0)
-    before = tl.where(real, before, 0)
+    before += _count_same_expert(ids_ptr, mask_ptr, scan_lo, tl.minimum(my_first, P), eq, E, E_BINS,
+                                 RANK_CHUNK, HAS_MASK)
+    cnt = tl.where(bins < E, cnt, 0)
     padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
     seg_start = tl.cumsum(padded, 0) - padded
     if HAS_MASK:
-        mvals = tl.load(mask_ptr + bins, mask=real, other=0)
+        mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
         local_id = tl.cumsum(mvals, 0) - mvals
     else:
         local_id = bins
-
-    # this token's pairs: position = segment start + earlier pairs of the same expert
-    slot = tl.arange(0, K_PAD)
-    q = my_first + slot
-    mine_hi = tl.where(t < T, my_first + K, 0)
-    eq, keep_q = _expert_bins(ids_ptr, mask_ptr, q, mine_hi, E, E_BINS, HAS_MASK)
-    keep_q = keep_q & (slot < K)
-    onehot = eq[:, None] == bins[None, :]
-    base = tl.sum(tl.where(onehot, (seg_start + before)[None, :], 0), axis=1)
-    lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
-    earlier = (eq[None, :] == eq[:, None]) & (slot[None, :] < slot[:, None]) & keep_q[None, :]
-    pos = base + tl.sum(earlier.to(tl.int32), axis=1)
-    wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
-    tl.store(sid_ptr + pos, (slot << 24) | t, mask=keep_q)
-    tl.store(sw_ptr + pos, wq, mask=keep_q)
-    tl.store(seid_ptr + pos // BLOCK, lid, mask=keep_q)
-
-    # padding slot j of every expert segment; programs take turns over j
-    fill = padded - cnt
-    for j in range(t, tl.max(fill, 0), nprog):
-        pad_live = j < fill
-        pad_pos = seg_start + cnt + j
-        tl.store(sid_ptr + pad_pos, tl.full([E_BINS], K << 24, tl.int32) | T, mask=pad_live)
-        tl.store(sw_ptr + pad_pos, tl.zeros([E_BINS], tl.float32), mask=pad_live)
-        if QUANT and FUSED:
-            if T < M:  # padding rows name real row T: AITER quantizes them as zero-weight rows
-                for g in range(0, G):
-                    tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([E_BINS], tl.uint8),
-                             mask=pad_live)
-    if t == 0:
+    if (t == 0) & (cs == 0):
         tl.store(nv_ptr, tl.sum(padded, 0))
         tl.store(nv_ptr + 1, T)
 
-    row = t.to(tl.int64)
+    # position = segment start + earlier pairs of the same expert
+    onehot = eq[:, None] == bins[None, :]
+    base = tl.sum(tl.where(onehot, seg_start[None, :], 0), axis=1)
+    lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
+    cnt_q = tl.sum(tl.where(onehot, cnt[None, :], 0), axis=1)
+    earlier = (eq[None, :] == eq[:, None]) & (slot[None, :] < slot[:, None]) & keep_q[None, :]
+    rank = before + tl.sum(earlier.to(tl.int32), axis=1)
+    pos = base + rank
+    wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
+    mine = keep_q & ((slot * 0 + cs) == 0)
+    tl.store(sid_ptr + pos, (slot << 24) | t, mask=mine)
+    tl.store(sw_ptr + pos, wq, mask=mine)
+    tl.store(seid_ptr + pos // BLOCK, lid, mask=mine)
+
+    # the owner of an expert's last pair pads that expert's segment
+    fill = (cnt_q + BLOCK - 1) // BLOCK * BLOCK - cnt_q
+    jj = tl.arange(0, BLOCK)
+    pad_live = (keep_q & (rank == cnt_q - 1))[:, None] & (jj[None, :] < fill[:, None])
+    pad_pos = pos[:, None] + 1 + jj[None, :]
+    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, BLOCK], K << 24, tl.int32) | T, mask=pad_live & mine[:, None])
+    tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, BLOCK], tl.float32), mask=pad_live & mine[:, None])
+
     if QUANT:
-        if FP4:
-            q_row = q_ptr + row * (G * 16)
-        else:
-            q_row = q_ptr + row * (G * 32)
+        if FUSED:
+            if T < M:  # padding rows name real row T: AITER quantizes them as zero-weight rows
+                for g in range(g0, tl.minimum(g0 + G_TILE, G)):
+                    tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, BLOCK], tl.uint8),
+                             mask=pad_live)
         if t < T:
-            s, code = _mx_quant_row(x_ptr + row * x_stride, G, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
-                                    SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, G_PAD)
-            g = tl.arange(0, G_PAD)
+            g = g0 + tl.arange(0, G_TILE)
             if FUSED:
                 zero_w = keep_q & (wq == 0.0)
                 n_keep = tl.sum(keep_q.to(tl.int32), 0)
@@ -252,37 +296,25 @@ def _sort_quant_kernel(
                 code = tl.where(all_zero, 0, code)
                 sbytes = tl.where(zero_w[:, None], 0, s[None, :]).to(tl.uint8)
             else:
-                sbytes = tl.broadcast_to(s[None, :], [K_PAD, G_PAD]).to(tl.uint8)
-            _store_data_row(q_row, code, G, FP4, G_PAD)
+                sbytes = tl.broadcast_to(s[None, :], [K_PAD, G_TILE]).to(tl.uint8)
+            _store_data_row(q_row, code, g_left, FP4, G_TILE)
             tl.store(s_ptr + _swizzle(pos[:, None], g[None, :], SNP), sbytes,
                      mask=keep_q[:, None] & (g[None, :] < G))
         if FUSED:
             if (t == T) & (T < M):
-                _store_data_row(q_row, tl.zeros([G_PAD, 32], tl.int32), G, FP4, G_PAD)
-
-    if BUF_MODE != 0:
-        if t < T:
-            for d0 in range(0, D, D_BLOCK):
-                d = d0 + tl.arange(0, D_BLOCK)
-                if BUF_MODE == 1:
-                    val = tl.zeros([D_BLOCK], buf_ptr.dtype.element_ty)
-                else:
-                    val = tl.load(init_ptr + row * init_stride + d, mask=d < D)
-                tl.store(buf_ptr + row * D + d, val, mask=d < D)
+                _store_data_row(q_row, tl.zeros([G_TILE, 32], tl.int32), g_left, FP4, G_TILE)
 
 
 @triton.jit
 def _chunk_histogram_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, M, E,
                             K: tl.constexpr, E_BINS: tl.constexpr, CHUNK_T: tl.constexpr,
-                            PAIR_CHUNK: tl.constexpr, HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr):
+                            COUNT_CHUNK: tl.constexpr, USE_HIST: tl.constexpr, HAS_MASK: tl.constexpr,
+                            HAS_NLT: tl.constexpr):
     c = tl.program_id(0)
     T = _token_count(nlt_ptr, M, HAS_NLT)
     lo = c * CHUNK_T * K
     hi = tl.minimum(lo + CHUNK_T * K, T * K)
-    h = tl.zeros([E_BINS], tl.int32)
-    for p0 in range(lo, hi, PAIR_CHUNK):
-        eb, keep = _expert_bins(ids_ptr, mask_ptr, p0 + tl.arange(0, PAIR_CHUNK), hi, E, E_BINS, HAS_MASK)
-        h += tl.histogram(eb, E_BINS)
+    h = _count_experts(ids_ptr, mask_ptr, lo, hi, E, E_BINS, COUNT_CHUNK, HAS_MASK, USE_HIST)
     tl.store(hist_ptr + c * E_BINS + tl.arange(0, E_BINS), h)
 
 
@@ -304,6 +336,10 @@ def _chunk_scan_kernel(hist_ptr, pre_ptr, tot_ptr, n_chunks,
 
 def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def _prev_pow2(n: int) -> int:
+    return 1 << max(n.bit_length() - 1, 0)
 
 
 def sort_sizes(num_tokens: int, topk: int, num_experts: int, block_size: int) -> tuple[int, int]:
@@ -435,46 +471,60 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         x = quant_input
 
     e_bins = _next_pow2(num_experts + 1)
+    k_pad = _next_pow2(K)
     has_mask = expert_mask is not None
     has_nlt = num_local_tokens is not None
     mask_arg = expert_mask if has_mask else topk_ids
     nlt_arg = num_local_tokens if has_nlt else topk_ids
     init = moe_buf_init if moe_buf_init is not None else moe_buf
-    prescanned = M * K > ONE_LAUNCH_MAX_PAIRS
+    pairs = max(M * K, 1)
+    prescanned = pairs > ONE_LAUNCH_MAX_PAIRS
     pre = tot = sorted_ids
+    chunk_t = 1
     if prescanned:
-        n_chunks = triton.cdiv(M, CHUNK_TOKENS)
+        chunk_t = max(1, _prev_pow2(CHUNK_PAIRS // K))
+        n_chunks = triton.cdiv(M, chunk_t)
         hist = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
-        pre = _empty(hist.shape, dtype=torch.int32, device=dev)
+        pre = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         tot = _empty(e_bins, dtype=torch.int32, device=dev)
         _chunk_histogram_kernel[(n_chunks,)](
             topk_ids, mask_arg, nlt_arg, hist, M, num_experts,
-            K=K, E_BINS=e_bins, CHUNK_T=CHUNK_TOKENS, PAIR_CHUNK=_pair_chunk(e_bins),
+            K=K, E_BINS=e_bins, CHUNK_T=chunk_t, **_count_params(chunk_t * K, e_bins),
             HAS_MASK=has_mask, HAS_NLT=has_nlt)
         e_tile = min(e_bins, 64)
         _chunk_scan_kernel[(e_bins // e_tile,)](hist, pre, tot, n_chunks,
                                                 E_BINS=e_bins, E_TILE=e_tile, C_TILE=64)
+    rank_pairs = chunk_t * K if prescanned else pairs
 
     q_u8 = q_out.view(torch.uint8) if quant is not None else q_out
     s_u8 = s_out.view(torch.uint8) if quant is not None else s_out
     g_pad = _next_pow2(G)
-    _sort_quant_kernel[(max(M, 1),)](
+    split = max(1, min(_prev_pow2(max(ROW_SPLIT_PROGRAMS // max(M, 1), 1)),
+                       max(g_pad // 16, 1) if quant is not None else max(model_dim // 1024, 1)))
+    g_tile = g_pad // split if quant is not None else 1
+    _sort_quant_kernel[(max(M, 1), split)](
         topk_ids, topk_weights, mask_arg, nlt_arg,
         sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids,
         x, x.stride(0), q_u8, s_u8,
         moe_buf, init, init.stride(0) if init.dim() == 2 else 0,
         pre, tot,
         M, num_experts, model_dim, G,
-        K=K, K_PAD=_next_pow2(K), BLOCK=block_size, E_BINS=e_bins, PAIR_CHUNK=_pair_chunk(e_bins),
+        K=K, K_PAD=k_pad, BLOCK=block_size, E_BINS=e_bins, **_count_params(pairs, e_bins),
+        RANK_CHUNK=max(2, min(_next_pow2(rank_pairs), TILE // k_pad)),
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
-        G_PAD=g_pad, SNP=snp, FUSED=fused,
+        SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
-        PRESCANNED=prescanned, CHUNK_T=CHUNK_TOKENS,
-        num_warps=4 if g_pad * 32 <= 4096 else 8,
+        D_SPLIT=triton.cdiv(triton.cdiv(model_dim, split), 16) * 16,
+        PRESCANNED=prescanned, CHUNK_T=chunk_t, G_TILE=g_tile,
+        num_warps=4 if g_tile * 32 <= 4096 else 8,
     )
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
 
 
-def _pair_chunk(e_bins: int) -> int:
-    return max(256, min(2048, e_bins * 2))
+def _count_params(pairs: int, e_bins: int) -> dict:
+    """Tile size and method of the expert count over ``pairs`` pairs (see ``_count_experts``)."""
+    chunk = _next_pow2(pairs)
+    if chunk * e_bins <= TILE:
+        return dict(COUNT_CHUNK=max(chunk, 2), USE_HIST=False)
+    return dict(COUNT_CHUNK=min(chunk, 1024), USE_HIST=True)

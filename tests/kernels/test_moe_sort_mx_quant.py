@@ -155,6 +155,16 @@ def test_num_local_tokens_semantics(semantics):
     run(12, 4, 16, 16, qd=FP8, nlt=torch.tensor([5], dtype=torch.int32, device=DEV), semantics=semantics)
 
 
+def test_row_split_over_programs_with_local_tokens():
+    # small batch, wide rows: each row is split over several programs
+    run(3, 4, 16, 16, N=1024, qd=FP4, nlt=torch.tensor([2], dtype=torch.int32, device=DEV), semantics="fused")
+    ids, w = routing(2, 2, 8)
+    buf = torch.full((2, 4096), 7.0, dtype=torch.bfloat16, device=DEV)
+    k.moe_sort_mx_quant(ids, w, 8, 4096, torch.bfloat16, 16, moe_buf=buf,
+                        num_local_tokens=torch.tensor([1], dtype=torch.int32, device=DEV))
+    assert not buf[0].any() and (buf[1] == 7.0).all()
+
+
 def test_num_local_tokens_out_of_range_is_clamped():
     run(6, 2, 8, 16, qd=FP4, nlt=torch.tensor([100], dtype=torch.int32, device=DEV))
     run(6, 2, 8, 16, qd=FP4, nlt=torch.tensor([-3], dtype=torch.int32, device=DEV))
@@ -201,7 +211,7 @@ def test_caller_moe_buf_filled():
 
 def test_multi_launch_path(monkeypatch):
     monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
-    monkeypatch.setattr(k, "CHUNK_TOKENS", 4)
+    monkeypatch.setattr(k, "CHUNK_PAIRS", 16)
     run(23, 4, 8, 16, qd=FP4)
     run(23, 4, 64, 32, qd=FP8, kind="bad", mask=(torch.arange(64, device=DEV) % 3 != 0).to(torch.int32),
         nlt=torch.tensor([19], dtype=torch.int32, device=DEV), semantics="fused")
