@@ -5,26 +5,30 @@ median of several replays, inputs rotated over several sets, never all-zero. Eve
 shows, measured in the same run, the launch floor (an empty Triton kernel's replay time) and
 the byte floor (bytes that must move over the measured device copy bandwidth).
 
-    python bench/bench_moe_sort_quant.py --out bench/moe_sort_quant.md
+    python bench/bench_moe_sort_quant.py --out docs/bench/moe_sort_quant_h200.md
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
+import sys
+from pathlib import Path
 
 import torch
-import triton
 
-from aiter_patches.kernels import moe_sort_mx_quant as kernel
-from aiter_patches.kernels.moe_sort_mx_quant import moe_sort_mx_quant, sort_sizes
-from aiter_patches.reference.mx_quant import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiter_patches.kernels import moe_sort_mx_quant as kernel  # noqa: E402
+from aiter_patches.kernels.moe_sort_mx_quant import moe_sort_mx_quant, sort_sizes  # noqa: E402
+from aiter_patches.reference.mx_quant import (  # noqa: E402
     e8m0_scale_bytes,
     mx_element_codes,
     mx_format,
     mx_scale_swizzle_index,
     scale_shape,
 )
+from bench.harness import copy_bandwidth, graph_us, launch_floor_us  # noqa: E402
 
 DECODE = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 PREFILL = [2048, 8192, 32768]
@@ -34,44 +38,9 @@ SETS = 3
 FP4 = torch.float4_e2m1fn_x2
 
 
-@triton.jit
-def _empty_kernel(x_ptr):
-    pass
-
-
 def graph_time_us(fn, calls: int, replays: int) -> float:
     """Median per-call time of ``calls`` back-to-back ``fn(i)`` captured in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(2):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    del graph
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Device copy bandwidth in bytes/s (read + write) from a 1 GiB copy."""
-    src = torch.ones(1 << 28, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    us = graph_time_us(lambda i: dst.copy_(src), 5, 5)
-    return 2 * src.numel() * 4 / (us * 1e-6)
+    return graph_us([functools.partial(fn, i) for i in range(calls)], calls, replays)
 
 
 def torch_multi_launch(ids, w, x, num_experts, block, model_dim):
@@ -150,8 +119,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="decode sizes of the first model only")
     args = ap.parse_args()
 
-    dummy = torch.empty(1, device="cuda")
-    floor_us = graph_time_us(lambda i: _empty_kernel[(1,)](dummy), 200, 7)
+    floor_us = launch_floor_us()
     bandwidth = copy_bandwidth()
     models = MODELS[:1] if args.quick else MODELS
     tokens = DECODE if args.quick else DECODE + PREFILL
