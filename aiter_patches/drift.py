@@ -446,7 +446,7 @@ def _check_source(tree: SourceTree, patch: str, sp: Any) -> SourceResult:
         return res
     res.defined_at = d.location
     res.found_sha256 = source_hash(d.module.segment(d.node))
-    if res.found_sha256 == sp.sha256:
+    if res.found_sha256 == sp.sha256 or res.found_sha256 in getattr(sp, "also", ()):
         res.status = UNCHANGED
     else:
         res.status = CHANGED

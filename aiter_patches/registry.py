@@ -38,6 +38,7 @@ class SourcePin:
     sha256: str  # of the function's source text with trailing whitespace stripped per line
     why: str
     source: str = ""
+    also: tuple[str, ...] = ()  # hashes of other releases whose change was read and found irrelevant
 
 
 @dataclass(frozen=True)

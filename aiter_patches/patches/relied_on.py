@@ -5,9 +5,11 @@ release and warns when one changed: the patch may still apply, but the logic it
 mirrors (the stage-1 quant dtype rule, the sort routing, the quant helper calls)
 must be re-read. A hash is ``aiter_patches.drift.source_hash`` of the function's
 lines, decorators included. All hashes: ROCm/aiter e4048607a5 (v0.1.20-46); at
-tag v0.1.20 ``_fused_moe_impl`` and ``fused_moe_2stages`` hash differently (the
-others are equal), so the check warns there. Refresh with ``aiter-patches drift
---propose --aiter-src DIR`` after re-reading the new source.
+tag v0.1.20 ``_fused_moe_impl`` and ``fused_moe_2stages`` hash differently only
+through the ``_metadata_config_file``/``stage2_scatter`` plumbing (read: it does
+not touch what the patches rely on), so those hashes are accepted too (``also``).
+Refresh with ``aiter-patches drift --propose --aiter-src DIR`` after re-reading
+the new source.
 """
 
 from ..registry import SourcePin
@@ -20,6 +22,7 @@ FUSED_MOE_IMPL_QUANT = SourcePin(
     "picks the stage-1 activation dtype (q_dtype_a) that the sort wrapper predicts, then calls moe_sorting "
     "and fused_moe_2stages with it",
     f"{_AT} aiter/fused_moe.py:698",
+    also=("9f88cfd28e7fc515822129081f10bbcf623883efb2e9d3cdd02af55530f5dbeb",),  # v0.1.20
 )
 FUSED_MOE_IMPL_ACCUMULATE = SourcePin(
     "aiter.fused_moe", "_fused_moe_impl",
@@ -27,6 +30,7 @@ FUSED_MOE_IMPL_ACCUMULATE = SourcePin(
     "passes accumulate=not stage2_uses_route_reduce(...) to moe_sorting and returns the sort's moe_buf as "
     "the output: the addend starts that buffer",
     FUSED_MOE_IMPL_QUANT.source,
+    also=FUSED_MOE_IMPL_QUANT.also,
 )
 MOE_SORTING = SourcePin(
     "aiter.fused_moe", "moe_sorting",
@@ -41,12 +45,14 @@ FUSED_MOE_2STAGES_QUANT = SourcePin(
     "for QuantType.per_1x32 calls fused_dynamic_mxfp4/mxfp8_quant_moe_sort through aiter.fused_moe's "
     "globals with sorted_ids, num_valid_ids, token_num, topk, block_size, num_rows, sorted_weights",
     f"{_AT} aiter/fused_moe.py:2979",
+    also=("d5d7c95082a442e2f7a1202e7e515175df8f5f4ba438f00a8fe1b1c3b84f3dc5",),  # v0.1.20
 )
 FUSED_MOE_2STAGES_STAGE2 = SourcePin(
     "aiter.fused_moe", "fused_moe_2stages",
     FUSED_MOE_2STAGES_QUANT.sha256,
     "stage 2 atomically adds into moe_out (the sort's moe_buf) unless its kernel runs in reduce mode",
     FUSED_MOE_2STAGES_QUANT.source,
+    also=FUSED_MOE_2STAGES_QUANT.also,
 )
 STAGE2_USES_ROUTE_REDUCE = SourcePin(
     "aiter.fused_moe", "stage2_uses_route_reduce",

@@ -157,6 +157,17 @@ def test_changed_source_hash_is_a_warning_not_drift(tree, tmp_path):
     assert len(r.warnings) == 2 and r.warnings[0].startswith("aiter.ops.quant.other changed (relied on by p)")
 
 
+def test_a_hash_listed_in_also_counts_as_unchanged(tree):
+    d = drift.resolve(tree, "aiter.ops.quant", "helper")
+    good = drift.source_hash(d.module.segment(d.node))
+    pins = (SourcePin("aiter.ops.quant", "helper", "0" * 64, "why", also=("1" * 64, good)),
+            SourcePin("aiter.ops.quant", "helper", "0" * 64, "why", also=("1" * 64,)))
+    r = drift.check(tree, [one_patch("aiter.fused_moe", "helper",
+                                     "(x, block=32, mode=QuantType.No, dt=torch.float4_e2m1fn_x2, *args, **kwargs)",
+                                     relies_on=pins)])
+    assert [x.status for x in r.relied_on] == ["unchanged", "changed"]
+
+
 def test_class_method_qualname(tmp_path):
     t = drift.open_source(write_tree(tmp_path, {"aiter/__init__.py": "class C:\n    def m(self, x): ...\n"}))
     d = drift.resolve(t, "aiter", "C.m")
