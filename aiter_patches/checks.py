@@ -40,7 +40,7 @@ def _fast_hits(name: str) -> int:
 
 def _sort_and_quant(fm, ids, w, E, x, block, quant_dtype, *, addend=None):
     """moe_sorting (+ the stage-1 quant helper) as fused_moe_2stages calls them, inside one MoeCall."""
-    call = moe_call.MoeCall(hidden_states=x, arguments={}, quant_dtype=quant_dtype)
+    call = moe_call.MoeCall(hidden_states=x, quant_dtype=quant_dtype)
     if addend is not None:
         call.addend = addend
     with moe_call.scope(call):
@@ -159,7 +159,7 @@ def check_addend_fold(device) -> CheckResult:
     M, E, topk, dim, block = 6, 16, 4, 256, 32
     ids, w = _routing(M, E, topk, device)
     addend = torch.randn(M, dim, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(device)
-    call = moe_call.MoeCall(hidden_states=None, arguments={})
+    call = moe_call.MoeCall(hidden_states=None)
     call.addend = addend
     before = _fast_hits("moe_addend_fold")
     with moe_call.scope(call):

@@ -88,7 +88,7 @@ def log_after_fork() -> None:
 
 def _hooks_about_to_run(registry) -> bool:
     for p in registry.patches():
-        if registry._states[p.name].state == "pending" and all(t.module in sys.modules for t in p.targets):
+        if registry.state(p.name) == "pending" and all(t.module in sys.modules for t in p.targets):
             return True
     return False
 

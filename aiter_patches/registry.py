@@ -62,7 +62,7 @@ class Patch:
     kernel_module: str | None = None
     order: int = 50  # among patches on one target: lower is outer (asked first)
     relies_on: tuple[SourcePin, ...] = ()
-    check: Callable[..., Any] | None = None  # equivalence check run by `aiter-patches verify`
+    check: str | None = None  # "module:function" of the equivalence check `aiter-patches verify` runs
 
 
 @dataclass
@@ -520,6 +520,12 @@ def status() -> dict[str, Any]:
             "strict": runtime.strict(),
             "patches": [_record(p.name) for p in all_patches],
         }
+
+
+def state(name: str) -> str:
+    """One patch's state (applied, skipped, pending, disabled, inactive): cheap enough for a call path."""
+    patches()
+    return _states[name].state
 
 
 def stats() -> dict[str, dict[str, Any]]:

@@ -106,7 +106,8 @@ def _run_all(dev) -> list[dict]:
                 row.update(result="FAIL", detail="no equivalence check declared")
             else:
                 try:
-                    res: CheckResult = p.check(dev)
+                    mod_name, fn_name = p.check.split(":")
+                    res: CheckResult = getattr(importlib.import_module(mod_name), fn_name)(dev)
                     row.update(check=res.kind, result="ok" if res.ok else "FAIL", detail=res.detail)
                 except Exception as exc:
                     row.update(result="FAIL", detail=f"check raised {type(exc).__name__}: {exc}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import ctypes
 import ctypes.util
+import functools
 import io
 import math
 import os
@@ -76,8 +77,14 @@ def parse_kernel_csv(text: str) -> list[AsmKernel]:
 
 
 def load_kernel_list(aiter_root: str, gfx: str) -> list[AsmKernel]:
+    return list(_kernel_list(aiter_root, gfx))
+
+
+@functools.lru_cache(maxsize=16)
+def _kernel_list(aiter_root: str, gfx: str) -> tuple[AsmKernel, ...]:
+    """Read once per process: the launch path asks on every GEMM call."""
     with open(os.path.join(kernel_dir(aiter_root, gfx), KERNEL_CSV), encoding="utf-8-sig") as f:
-        return parse_kernel_csv(f.read())
+        return tuple(parse_kernel_csv(f.read()))
 
 
 def _heuristic(M: int, N: int, kernels: list[AsmKernel], cu_num: int, split: int, bpreshuffle: bool) -> AsmKernel:
@@ -186,6 +193,12 @@ def available(device, aiter_root: str | None) -> str | None:
         return f"GPU arch {gfx} is not one of {SUPPORTED_GFX}"
     if not aiter_root:
         return "no AITER tree given"
+    return _tree_reason(aiter_root, gfx)
+
+
+@functools.lru_cache(maxsize=16)
+def _tree_reason(aiter_root: str, gfx: str) -> str | None:
+    """The file-system part of :func:`available`, checked once per process (it runs on every GEMM call)."""
     path = os.path.join(kernel_dir(aiter_root, gfx), KERNEL_CSV)
     if not os.path.isfile(path):
         return f"no kernel list at {path}"
@@ -198,6 +211,7 @@ def available(device, aiter_root: str | None) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def _find_hip_library() -> str | None:
     """The libamdhip64 torch already mapped into this process, else the loader's choice."""
     try:

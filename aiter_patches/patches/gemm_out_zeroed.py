@@ -113,11 +113,6 @@ def _plan(bound: dict):
                                                 cu_num=cu)
 
 
-def _check(device):
-    from ..checks import check_gemm_out_zeroed
-
-    return check_gemm_out_zeroed(device)
-
 
 PATCH = Patch(
     name=NAME,
@@ -131,5 +126,5 @@ PATCH = Patch(
     kernel_module="aiter_patches.kernels.blockscale_gemm_splitk",
     relies_on=relied_on.GEMM_OUT_ZEROED,
     order=50,
-    check=_check,
+    check="aiter_patches.checks:check_gemm_out_zeroed",
 )

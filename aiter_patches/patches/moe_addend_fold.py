@@ -153,8 +153,7 @@ def fused_moe_with_addend(addend, *args, **kwargs):
     from .. import registry
 
     fm = sys.modules["aiter.fused_moe"].fused_moe
-    rec = next(r for r in registry.status()["patches"] if r["name"] == NAME)
-    if rec["state"] == registry.APPLIED:
+    if registry.state(NAME) == registry.APPLIED:
         return fm(*args, moe_addend=addend, **kwargs)
     from ..signatures import Binder
 
@@ -165,11 +164,6 @@ def fused_moe_with_addend(addend, *args, **kwargs):
     out = fm(*args, **kwargs)
     return out.add_(addend)
 
-
-def _check(device):
-    from ..checks import check_addend_fold
-
-    return check_addend_fold(device)
 
 
 PATCH = Patch(
@@ -184,5 +178,5 @@ PATCH = Patch(
     kernel_module="aiter_patches.kernels.moe_sort_mx_quant",
     relies_on=relied_on.MOE_ADDEND_FOLD,
     order=10,
-    check=_check,
+    check="aiter_patches.checks:check_addend_fold",
 )

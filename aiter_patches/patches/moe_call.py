@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 _CALL: ContextVar["MoeCall | None"] = ContextVar("aiter_patches_moe_call", default=None)
@@ -40,7 +40,6 @@ class StageOneQuant:
 @dataclass(eq=False)
 class MoeCall:
     hidden_states: Any
-    arguments: dict[str, Any]
     quant_dtype: Any = None  # predicted stage-1 MX quant dtype, None when no MX quant is predicted
     addend: Any = None
     addend_state: str = PENDING
@@ -48,7 +47,6 @@ class MoeCall:
     addend_written_by_sort: bool = False
     moe_buf: Any = None
     stage1_quant: StageOneQuant | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def current() -> MoeCall | None:
@@ -84,7 +82,7 @@ def joined_or_new(bound: dict) -> tuple[MoeCall, bool]:
     call = current()
     if call is not None and call.hidden_states is bound.get("hidden_states"):
         return call, False
-    return MoeCall(hidden_states=bound.get("hidden_states"), arguments=bound), True
+    return MoeCall(hidden_states=bound.get("hidden_states")), True
 
 
 def like(wrapper: Callable, inner: Callable) -> Callable:

@@ -164,11 +164,6 @@ def _kernel_kwargs(request: dict) -> dict:
     return {k: v for k, v in request.items() if k not in skip}
 
 
-def _check(device):
-    from ..checks import check_sort_mx_quant
-
-    return check_sort_mx_quant(device)
-
 
 PATCH = Patch(
     name=NAME,
@@ -183,5 +178,5 @@ PATCH = Patch(
     kernel_module=KERNEL_MODULE,
     order=30,
     relies_on=relied_on.MOE_SORT_MX_QUANT,
-    check=_check,
+    check="aiter_patches.checks:check_sort_mx_quant",
 )

@@ -221,5 +221,5 @@ PATCH = Patch(
     kernel_module=None,
     relies_on=relied_on.SORT_EXTENSION,
     order=20,
-    check=lambda device: __import__("aiter_patches.checks", fromlist=["x"]).check_sort_extension(device),
+    check="aiter_patches.checks:check_sort_extension",
 )

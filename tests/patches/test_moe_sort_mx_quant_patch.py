@@ -95,7 +95,7 @@ def test_sort_outputs_and_quant_bytes_match_over_the_defined_region(stub, device
     x[2, 32:64] = 1e-40  # denormals
 
     def run():
-        call = moe_call.MoeCall(hidden_states=x, arguments={}, quant_dtype=stub.dtypes.fp4x2)
+        call = moe_call.MoeCall(hidden_states=x, quant_dtype=stub.dtypes.fp4x2)
         with moe_call.scope(call):
             s = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
             q = fm.fused_dynamic_mxfp4_quant_moe_sort(x, sorted_ids=s[0], num_valid_ids=s[3], token_num=M, topk=topk,
@@ -315,7 +315,7 @@ def test_full_size_sort_and_quant_bitwise(stub, M, E, topk, dim):
     block = 32 if M < 1024 else 64
     for qd in (stub.dtypes.fp4x2, stub.dtypes.fp8):
         def run():
-            call = moe_call.MoeCall(hidden_states=x, arguments={}, quant_dtype=qd)
+            call = moe_call.MoeCall(hidden_states=x, quant_dtype=qd)
             helper = fm.fused_dynamic_mxfp4_quant_moe_sort if qd == stub.dtypes.fp4x2 \
                 else fm.fused_dynamic_mxfp8_quant_moe_sort
             with moe_call.scope(call):
@@ -353,7 +353,7 @@ def test_quant_is_handed_back_only_for_the_call_it_was_made_for(stub, device, ch
     x = torch.randn(M, dim, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(device)
     other = (x * 3).contiguous()
     aiter_patches.apply([NAME])
-    call = moe_call.MoeCall(hidden_states=x, arguments={}, quant_dtype=stub.dtypes.fp4x2)
+    call = moe_call.MoeCall(hidden_states=x, quant_dtype=stub.dtypes.fp4x2)
     with moe_call.scope(call):
         s = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
         inp, sw = (other, s[1]) if change == "other values" else (x, s[1].clone())

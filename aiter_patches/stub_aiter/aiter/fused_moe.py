@@ -207,7 +207,7 @@ class MOEMetadata:
 
 
 def _stub_stage1(a1, w1, w2, sorted_ids, sorted_expert_ids, num_valid_ids, out, topk, *, block_m, a1_scale=None,
-                 w1_scale=None, sorted_weights=None, activation=ActivationType.Silu, is_g1u1=True, token_num=None):
+                 w1_scale=None, sorted_weights=None, activation=ActivationType.Silu, is_g1u1=True):
     act = "gelu" if ActivationType(activation) == ActivationType.Gelu else "silu"
     _leaf.moe_stage1(
         a1, w1, sorted_ids, sorted_expert_ids, num_valid_ids, out, topk,
