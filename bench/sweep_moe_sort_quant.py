@@ -2,8 +2,8 @@
 
 Two tables, CUDA-graph replay, block_size 32, MXFP4:
 
-* knobs: the module's launch constants (``ROW_SPLIT_PROGRAMS``, ``MIN_ROW_SPLIT``,
-  ``WIDE_ROW_ELEMS``, ``CHUNK_PAIRS``) over a grid, per shape; the defaults are marked.
+* knobs: the module's launch constants (``ROW_SPLIT_PROGRAMS``, ``QUANT_GROUPS``,
+  ``CHUNK_PAIRS``) over a grid, per shape; the defaults are marked.
 * parts: the same call with parts left out (no quant, no ``moe_buf`` fill, neither), so the
   difference to the full call is what that part costs.
 
@@ -29,9 +29,8 @@ from bench.harness import graph_us, launch_floor_us  # noqa: E402
 MODELS = [(256, 8, 7168), (128, 4, 6144), (896, 16, 3584), (128, 8, 2048)]
 DECODE = [1, 8, 32, 64, 128, 256]
 PREFILL = [2048, 32768]
-DECODE_KNOBS = [dict(ROW_SPLIT_PROGRAMS=r, WIDE_ROW_ELEMS=w) for r in (128, 256, 512, 1024) for w in (2048, 4096)]
-PREFILL_KNOBS = [dict(MIN_ROW_SPLIT=s, CHUNK_PAIRS=c, WIDE_ROW_ELEMS=w)
-                 for s, c, w in itertools.product((1, 2, 4), (256, 1024), (4096, 8192))]
+DECODE_KNOBS = [dict(ROW_SPLIT_PROGRAMS=r, QUANT_GROUPS=q) for r in (128, 256) for q in (16, 32, 64, 256)]
+PREFILL_KNOBS = [dict(CHUNK_PAIRS=c, QUANT_GROUPS=q) for c in (512, 1024, 2048) for q in (16, 32, 64, 256)]
 PARTS = {"all": dict(quant=True, buf=True), "no quant": dict(quant=False, buf=True),
          "no moe_buf": dict(quant=True, buf=False), "sort only": dict(quant=False, buf=False)}
 

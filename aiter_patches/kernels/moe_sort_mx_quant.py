@@ -9,9 +9,11 @@ before its token, and writes its ``topk`` entries of ``sorted_ids``/``sorted_wei
 e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row and its
 ``moe_buf`` row. No program waits for another.
 
-Large batches (``pairs x expert bins > ONE_LAUNCH_MAX_WORK``) add two small launches before the
-same kernel: expert counts per token chunk, then an exclusive scan over chunks, so each program
-counts only inside its chunk.
+Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) add three small launches before the
+same kernel, so that no program counts anything: per chunk of tokens, the expert counts and each
+pair's rank among the chunk's earlier pairs of its expert (a sort of the chunk by expert); an
+exclusive scan of the counts over chunks; each expert's padded segment start and local id. The
+main kernel then only reads those tables: four launches in all.
 
 Semantics are those of ``aiter_patches.reference.moe_sorting`` and ``...reference.mx_quant``
 (out-of-range expert ids dropped, ``num_local_tokens`` read on the device and clamped to
@@ -36,14 +38,15 @@ import torch
 import triton
 import triton.language as tl
 
-# One launch while each program's redundant count of all pairs stays short; above it two
-# small launches count per chunk of ~CHUNK_PAIRS pairs first.
+# One launch while each program's redundant count of all pairs stays short; above it three
+# small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
 ONE_LAUNCH_MAX_PAIRS = 2048
-CHUNK_PAIRS = 1024
+CHUNK_PAIRS = 512
 TILE = 8192  # elements of a one-hot counting tile
 ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until about this many
 MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_quant.py tunes these)
-WIDE_ROW_ELEMS = 4096  # a program quantizing more elements than this gets 8 warps, else 4
+WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
+QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
 MAX_EXPERTS = 2048
 MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
@@ -156,6 +159,22 @@ def _store_data_row(q_row_ptr, code, G, FP4: tl.constexpr, G_PAD: tl.constexpr):
 
 
 @triton.jit
+def _store_quant_tile(q_row, s_ptr, s, code, g_first, G, pos, keep_q, zero_w, all_zero,
+                      FUSED: tl.constexpr, FP4: tl.constexpr, SNP: tl.constexpr, K_PAD: tl.constexpr,
+                      GQ: tl.constexpr):
+    """Data bytes of groups ``[g_first, g_first + GQ)`` of one row, and their scale bytes at each
+    of the token's sorted rows ``pos``."""
+    g = g_first + tl.arange(0, GQ)
+    if FUSED:
+        code = tl.where(all_zero, 0, code)
+        sbytes = tl.where(zero_w[:, None], 0, s[None, :]).to(tl.uint8)
+    else:
+        sbytes = tl.broadcast_to(s[None, :], [K_PAD, GQ]).to(tl.uint8)
+    _store_data_row(q_row + g_first * (16 if FP4 else 32), code, G - g_first, FP4, GQ)
+    tl.store(s_ptr + _swizzle(pos[:, None], g[None, :], SNP), sbytes, mask=keep_q[:, None] & (g[None, :] < G))
+
+
+@triton.jit
 def _count_experts(ids_ptr, mask_ptr, lo, hi, E, E_BINS: tl.constexpr, PC: tl.constexpr,
                    HAS_MASK: tl.constexpr, USE_HIST: tl.constexpr):
     """Kept pairs per expert bin among pairs ``[lo, hi)``: one-hot sums for a small tile, else
@@ -188,7 +207,7 @@ def _sort_quant_kernel(
     sid_ptr, sw_ptr, seid_ptr, nv_ptr,
     x_ptr, x_stride, q_ptr, s_ptr,
     buf_ptr, init_ptr, init_stride,
-    pre_ptr, tot_ptr,
+    pre_ptr, tot_ptr, tab_ptr, rank_ptr,
     M, E, D, G,
     K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr,
     E_BINS: tl.constexpr, COUNT_CHUNK: tl.constexpr, USE_HIST: tl.constexpr, RANK_CHUNK: tl.constexpr,
@@ -198,7 +217,7 @@ def _sort_quant_kernel(
     INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr,
     SNP: tl.constexpr, FUSED: tl.constexpr,
     BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, D_SPLIT,
-    PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr,
+    PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr, QG: tl.constexpr,
 ):
     t = tl.program_id(0)
     cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
@@ -209,15 +228,14 @@ def _sort_quant_kernel(
     bins = tl.arange(0, E_BINS)
     row = t.to(tl.int64)
 
-    # row work first: its loads overlap the routing math below
+    # row work first: its loads overlap the routing math below (a wide row is quantized after it,
+    # QG groups at a time, so that a program's registers stay few and many programs fit an SM)
+    q_row = q_ptr + row * (G * (16 if FP4 else 32))
+    x_row = x_ptr + row * x_stride
     if QUANT:
-        if FP4:
-            q_row = q_ptr + row * (G * 16) + g0 * 16
-        else:
-            q_row = q_ptr + row * (G * 32) + g0 * 32
-        g_left = G - g0
-        s, code = _mx_quant_row(x_ptr + row * x_stride + g0 * 32, tl.where(t < M, g_left, 0), MB, EMIN,
-                                MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, G_TILE)
+        if QG == G_TILE:
+            s, code = _mx_quant_row(x_row + g0 * 32, tl.where(t < M, G - g0, 0), MB, EMIN,
+                                    MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, G_TILE)
     if BUF_MODE != 0:
         if t < T:
             d_lo = cs * D_SPLIT
@@ -237,37 +255,36 @@ def _sort_quant_kernel(
                               E_BINS, HAS_MASK)
     keep_q = keep_q & (slot < K)
 
-    # per-expert pair counts; pairs of my experts before my token
+    # position = segment start + earlier pairs of the same expert
     if PRESCANNED:
+        # the three launches before this one left every number needed here in tables
         chunk = t // CHUNK_T
-        cnt = tl.load(tot_ptr + bins)
-        before = tl.load(pre_ptr + chunk * E_BINS + eq, mask=keep_q, other=0)
-        scan_lo = chunk * CHUNK_T * K
+        rank = (tl.load(pre_ptr + chunk * E_BINS + eq, mask=keep_q, other=0)
+                + tl.load(rank_ptr + q, mask=keep_q, other=0))
+        cnt_q = tl.load(tot_ptr + eq, mask=keep_q, other=0)
+        base = tl.load(tab_ptr + eq, mask=keep_q, other=0)
+        lid = tl.load(tab_ptr + E_BINS + eq, mask=keep_q, other=0)
     else:
         cnt = _count_experts(ids_ptr, mask_ptr, 0, P, E, E_BINS, COUNT_CHUNK, HAS_MASK, USE_HIST)
-        before = tl.zeros([K_PAD], tl.int32)
-        scan_lo = 0
-    before += _count_same_expert(ids_ptr, mask_ptr, scan_lo, tl.minimum(my_first, P), eq, E, E_BINS,
-                                 RANK_CHUNK, HAS_MASK)
-    cnt = tl.where(bins < E, cnt, 0)
-    padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
-    seg_start = tl.cumsum(padded, 0) - padded
-    if HAS_MASK:
-        mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
-        local_id = tl.cumsum(mvals, 0) - mvals
-    else:
-        local_id = bins
-    if (t == 0) & (cs == 0):
-        tl.store(nv_ptr, tl.sum(padded, 0))
-        tl.store(nv_ptr + 1, T)
-
-    # position = segment start + earlier pairs of the same expert
-    onehot = eq[:, None] == bins[None, :]
-    base = tl.sum(tl.where(onehot, seg_start[None, :], 0), axis=1)
-    lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
-    cnt_q = tl.sum(tl.where(onehot, cnt[None, :], 0), axis=1)
-    earlier = (eq[None, :] == eq[:, None]) & (slot[None, :] < slot[:, None]) & keep_q[None, :]
-    rank = before + tl.sum(earlier.to(tl.int32), axis=1)
+        before = _count_same_expert(ids_ptr, mask_ptr, 0, tl.minimum(my_first, P), eq, E, E_BINS,
+                                    RANK_CHUNK, HAS_MASK)
+        cnt = tl.where(bins < E, cnt, 0)
+        padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
+        seg_start = tl.cumsum(padded, 0) - padded
+        if HAS_MASK:
+            mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
+            local_id = tl.cumsum(mvals, 0) - mvals
+        else:
+            local_id = bins
+        if (t == 0) & (cs == 0):
+            tl.store(nv_ptr, tl.sum(padded, 0))
+            tl.store(nv_ptr + 1, T)
+        onehot = eq[:, None] == bins[None, :]
+        base = tl.sum(tl.where(onehot, seg_start[None, :], 0), axis=1)
+        lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
+        cnt_q = tl.sum(tl.where(onehot, cnt[None, :], 0), axis=1)
+        earlier = (eq[None, :] == eq[:, None]) & (slot[None, :] < slot[:, None]) & keep_q[None, :]
+        rank = before + tl.sum(earlier.to(tl.int32), axis=1)
     pos = base + rank
     wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
     mine = keep_q & ((slot * 0 + cs) == 0)
@@ -290,34 +307,64 @@ def _sort_quant_kernel(
                     tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, BLOCK], tl.uint8),
                              mask=pad_live)
         if t < T:
-            g = g0 + tl.arange(0, G_TILE)
-            if FUSED:
-                zero_w = keep_q & (wq == 0.0)
-                n_keep = tl.sum(keep_q.to(tl.int32), 0)
-                all_zero = (n_keep > 0) & (tl.sum(zero_w.to(tl.int32), 0) == n_keep)
-                code = tl.where(all_zero, 0, code)
-                sbytes = tl.where(zero_w[:, None], 0, s[None, :]).to(tl.uint8)
+            zero_w = keep_q & (wq == 0.0)
+            n_keep = tl.sum(keep_q.to(tl.int32), 0)
+            all_zero = (n_keep > 0) & (tl.sum(zero_w.to(tl.int32), 0) == n_keep)
+            if QG == G_TILE:
+                _store_quant_tile(q_row, s_ptr, s, code, g0, G, pos, keep_q, zero_w, all_zero,
+                                  FUSED, FP4, SNP, K_PAD, G_TILE)
             else:
-                sbytes = tl.broadcast_to(s[None, :], [K_PAD, G_TILE]).to(tl.uint8)
-            _store_data_row(q_row, code, g_left, FP4, G_TILE)
-            tl.store(s_ptr + _swizzle(pos[:, None], g[None, :], SNP), sbytes,
-                     mask=keep_q[:, None] & (g[None, :] < G))
+                for gq in range(g0, tl.minimum(g0 + G_TILE, G), QG):
+                    s, code = _mx_quant_row(x_row + gq * 32, G - gq, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
+                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG)
+                    _store_quant_tile(q_row, s_ptr, s, code, gq, G, pos, keep_q, zero_w, all_zero,
+                                      FUSED, FP4, SNP, K_PAD, QG)
         if FUSED:
             if (t == T) & (T < M):
-                _store_data_row(q_row, tl.zeros([G_TILE, 32], tl.int32), g_left, FP4, G_TILE)
+                for gq in range(g0, tl.minimum(g0 + G_TILE, G), QG):
+                    _store_data_row(q_row + gq * (16 if FP4 else 32), tl.zeros([QG, 32], tl.int32), G - gq,
+                                    FP4, QG)
 
 
 @triton.jit
-def _chunk_histogram_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, M, E,
-                            K: tl.constexpr, E_BINS: tl.constexpr, CHUNK_T: tl.constexpr,
-                            COUNT_CHUNK: tl.constexpr, USE_HIST: tl.constexpr, HAS_MASK: tl.constexpr,
-                            HAS_NLT: tl.constexpr):
+def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
+                       K: tl.constexpr, E_BINS: tl.constexpr, CHUNK_T: tl.constexpr,
+                       PC: tl.constexpr, PC_BITS: tl.constexpr, HAS_MASK: tl.constexpr,
+                       HAS_NLT: tl.constexpr):
+    """Per chunk of ``CHUNK_T`` tokens: kept pairs per expert, and each pair's rank among the
+    chunk's earlier pairs of its expert (a sort by (expert, index) of the chunk's ``PC`` slots:
+    the rank is the sorted position minus the count of smaller experts)."""
     c = tl.program_id(0)
     T = _token_count(nlt_ptr, M, HAS_NLT)
     lo = c * CHUNK_T * K
     hi = tl.minimum(lo + CHUNK_T * K, T * K)
-    h = _count_experts(ids_ptr, mask_ptr, lo, hi, E, E_BINS, COUNT_CHUNK, HAS_MASK, USE_HIST)
+    i = tl.arange(0, PC)
+    e, keep = _expert_bins(ids_ptr, mask_ptr, lo + i, hi, E, E_BINS, HAS_MASK)
+    h = tl.histogram(e, E_BINS)
     tl.store(hist_ptr + c * E_BINS + tl.arange(0, E_BINS), h)
+    key = tl.sort((e << PC_BITS) | i)
+    e_s = key >> PC_BITS
+    smaller = tl.cumsum(h, 0) - h
+    rank = tl.arange(0, PC) - tl.gather(smaller, e_s, 0)
+    tl.store(rank_ptr + lo + (key & (PC - 1)), rank, mask=lo + (key & (PC - 1)) < hi)
+
+
+@triton.jit
+def _segment_table_kernel(tot_ptr, mask_ptr, nlt_ptr, tab_ptr, nv_ptr, M, E,
+                          BLOCK: tl.constexpr, E_BINS: tl.constexpr, HAS_MASK: tl.constexpr,
+                          HAS_NLT: tl.constexpr):
+    """Each expert's padded segment start and local id, and ``num_valid_ids``."""
+    bins = tl.arange(0, E_BINS)
+    cnt = tl.where(bins < E, tl.load(tot_ptr + bins), 0)
+    padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
+    tl.store(tab_ptr + bins, tl.cumsum(padded, 0) - padded)
+    if HAS_MASK:
+        mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
+        tl.store(tab_ptr + E_BINS + bins, tl.cumsum(mvals, 0) - mvals)
+    else:
+        tl.store(tab_ptr + E_BINS + bins, bins)
+    tl.store(nv_ptr, tl.sum(padded, 0))
+    tl.store(nv_ptr + 1, _token_count(nlt_ptr, M, HAS_NLT))
 
 
 @triton.jit
@@ -481,7 +528,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     init = moe_buf_init if moe_buf_init is not None else moe_buf
     pairs = max(M * K, 1)
     prescanned = pairs > ONE_LAUNCH_MAX_PAIRS
-    pre = tot = sorted_ids
+    pre = tot = tab = ranks = sorted_ids
     chunk_t = 1
     if prescanned:
         chunk_t = max(1, _prev_pow2(CHUNK_PAIRS // K))
@@ -489,14 +536,19 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         hist = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         pre = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         tot = _empty(e_bins, dtype=torch.int32, device=dev)
-        _chunk_histogram_kernel[(n_chunks,)](
-            topk_ids, mask_arg, nlt_arg, hist, M, num_experts,
-            K=K, E_BINS=e_bins, CHUNK_T=chunk_t, **_count_params(chunk_t * K, e_bins),
-            HAS_MASK=has_mask, HAS_NLT=has_nlt)
+        tab = _empty(2, e_bins, dtype=torch.int32, device=dev)
+        ranks = _empty(M * K, dtype=torch.int32, device=dev)
+        pc = _next_pow2(chunk_t * K)
+        _chunk_rank_kernel[(n_chunks,)](
+            topk_ids, mask_arg, nlt_arg, hist, ranks, M, num_experts,
+            K=K, E_BINS=e_bins, CHUNK_T=chunk_t, PC=pc, PC_BITS=pc.bit_length() - 1,
+            HAS_MASK=has_mask, HAS_NLT=has_nlt, num_warps=4 if pc <= 1024 else 8)
         e_tile = min(e_bins, 64)
         _chunk_scan_kernel[(e_bins // e_tile,)](hist, pre, tot, n_chunks,
                                                 E_BINS=e_bins, E_TILE=e_tile, C_TILE=64)
-    rank_pairs = chunk_t * K if prescanned else pairs
+        _segment_table_kernel[(1,)](tot, mask_arg, nlt_arg, tab, num_valid_ids, M, num_experts,
+                                    BLOCK=block_size, E_BINS=e_bins, HAS_MASK=has_mask, HAS_NLT=has_nlt,
+                                    num_warps=4 if e_bins <= 1024 else 8)
 
     q_u8 = q_out.view(torch.uint8) if quant is not None else q_out
     s_u8 = s_out.view(torch.uint8) if quant is not None else s_out
@@ -504,22 +556,25 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     split = max(1, min(max(_prev_pow2(max(ROW_SPLIT_PROGRAMS // max(M, 1), 1)), MIN_ROW_SPLIT),
                        max(g_pad // 16, 1) if quant is not None else max(model_dim // 1024, 1)))
     g_tile = g_pad // split if quant is not None else 1
+    qg = min(g_tile, QUANT_GROUPS)
     _sort_quant_kernel[(max(M, 1), split)](
         topk_ids, topk_weights, mask_arg, nlt_arg,
         sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids,
         x, x.stride(0), q_u8, s_u8,
         moe_buf, init, init.stride(0) if init.dim() == 2 else 0,
-        pre, tot,
+        pre, tot, tab, ranks,
         M, num_experts, model_dim, G,
-        K=K, K_PAD=k_pad, BLOCK=block_size, E_BINS=e_bins, **_count_params(pairs, e_bins),
-        RANK_CHUNK=max(2, min(_next_pow2(rank_pairs), TILE // k_pad)),
+        K=K, K_PAD=k_pad, BLOCK=block_size, E_BINS=e_bins,
+        # counting parameters matter only to the one-launch path (fixed otherwise: no recompiles)
+        **(dict(COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2) if prescanned else
+           dict(**_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)))),
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=triton.cdiv(triton.cdiv(model_dim, split), 16) * 16,
-        PRESCANNED=prescanned, CHUNK_T=chunk_t, G_TILE=g_tile,
-        num_warps=4 if g_tile * 32 <= WIDE_ROW_ELEMS else 8,
+        PRESCANNED=prescanned, CHUNK_T=chunk_t, G_TILE=g_tile, QG=qg,
+        num_warps=4 if qg * 32 <= WIDE_ROW_ELEMS else 8,
     )
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
 

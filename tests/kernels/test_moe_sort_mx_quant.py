@@ -215,6 +215,23 @@ def test_multi_launch_path(monkeypatch):
     run(23, 4, 8, 16, qd=FP4)
     run(23, 4, 64, 32, qd=FP8, kind="bad", mask=(torch.arange(64, device=DEV) % 3 != 0).to(torch.int32),
         nlt=torch.tensor([19], dtype=torch.int32, device=DEV), semantics="fused")
+    # duplicates within tokens and across chunk edges; topk 11 leaves 5 dead slots in each sorted chunk
+    run(29, 11, 16, 16, qd=None, kind="skewed")
+    monkeypatch.setattr(k, "CHUNK_PAIRS", 64)
+    run(41, 3, 8, 64, qd=FP4, kind="skewed", nlt=torch.tensor([0], dtype=torch.int32, device=DEV))
+    run(41, 3, 8, 64, qd=None, kind="one", nlt=torch.tensor([40], dtype=torch.int32, device=DEV))
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_row_quantized_in_group_tiles(monkeypatch, groups):
+    """The wide-row loop (QUANT_GROUPS groups at a time), with 7 groups per row so the last tile is partial."""
+    monkeypatch.setattr(k, "QUANT_GROUPS", groups)
+    run(3, 4, 8, 16, N=224, qd=FP4)
+    run(37, 2, 8, 32, N=224, qd=FP8, semantics="fused", nlt=torch.tensor([30], dtype=torch.int32, device=DEV))
+    run(9, 3, 16, 16, N=224, qd=FP8NUZ, xkind="special", semantics="split")
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
+    monkeypatch.setattr(k, "CHUNK_PAIRS", 16)
+    run(23, 4, 8, 16, N=224, qd=FP4, semantics="fused", nlt=torch.tensor([21], dtype=torch.int32, device=DEV))
 
 
 def test_unsupported_reason_reads_metadata_only():
