@@ -46,6 +46,7 @@ TILE = 8192  # elements of a one-hot counting tile
 ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until about this many
 MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_quant.py tunes these)
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
+SCALE_TILE_BYTES = 1024  # bytes of the swizzled scale layout a program writes per step
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
 MAX_EXPERTS = 2048
 MAX_TOPK = 64
@@ -159,19 +160,25 @@ def _store_data_row(q_row_ptr, code, G, FP4: tl.constexpr, G_PAD: tl.constexpr):
 
 
 @triton.jit
-def _store_quant_tile(q_row, s_ptr, s, code, g_first, G, pos, keep_q, zero_w, all_zero,
+def _store_quant_tile(q_row, s_ptr, cs_row, s, code, g_first, G, pos, keep_q, zero_w, all_zero,
                       FUSED: tl.constexpr, FP4: tl.constexpr, SNP: tl.constexpr, K_PAD: tl.constexpr,
-                      GQ: tl.constexpr):
-    """Data bytes of groups ``[g_first, g_first + GQ)`` of one row, and their scale bytes at each
-    of the token's sorted rows ``pos``."""
+                      GQ: tl.constexpr, COMPACT_SCALES: tl.constexpr):
+    """Data bytes of groups ``[g_first, g_first + GQ)`` of one row, and their scale bytes: at each
+    of the token's sorted rows ``pos``, or once in the token's compact row (split semantics,
+    moved to the sorted rows by ``_scale_tiles_kernel``)."""
     g = g_first + tl.arange(0, GQ)
     if FUSED:
         code = tl.where(all_zero, 0, code)
-        sbytes = tl.where(zero_w[:, None], 0, s[None, :]).to(tl.uint8)
-    else:
-        sbytes = tl.broadcast_to(s[None, :], [K_PAD, GQ]).to(tl.uint8)
     _store_data_row(q_row + g_first * (16 if FP4 else 32), code, G - g_first, FP4, GQ)
-    tl.store(s_ptr + _swizzle(pos[:, None], g[None, :], SNP), sbytes, mask=keep_q[:, None] & (g[None, :] < G))
+    if COMPACT_SCALES:
+        tl.store(cs_row + g, s.to(tl.uint8), mask=g < G)
+    else:
+        if FUSED:
+            sbytes = tl.where(zero_w[:, None], 0, s[None, :]).to(tl.uint8)
+        else:
+            sbytes = tl.broadcast_to(s[None, :], [K_PAD, GQ]).to(tl.uint8)
+        tl.store(s_ptr + _swizzle(pos[:, None], g[None, :], SNP), sbytes,
+                 mask=keep_q[:, None] & (g[None, :] < G))
 
 
 @triton.jit
@@ -207,7 +214,7 @@ def _sort_quant_kernel(
     sid_ptr, sw_ptr, seid_ptr, nv_ptr,
     x_ptr, x_stride, q_ptr, s_ptr,
     buf_ptr, init_ptr, init_stride,
-    pre_ptr, tot_ptr, tab_ptr, rank_ptr,
+    pre_ptr, tot_ptr, rank_ptr, cs_ptr,
     M, E, D, G,
     K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr,
     E_BINS: tl.constexpr, COUNT_CHUNK: tl.constexpr, USE_HIST: tl.constexpr, RANK_CHUNK: tl.constexpr,
@@ -218,6 +225,7 @@ def _sort_quant_kernel(
     SNP: tl.constexpr, FUSED: tl.constexpr,
     BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, D_SPLIT,
     PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr, QG: tl.constexpr,
+    COMPACT_SCALES: tl.constexpr,
 ):
     t = tl.program_id(0)
     cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
@@ -257,13 +265,22 @@ def _sort_quant_kernel(
 
     # position = segment start + earlier pairs of the same expert
     if PRESCANNED:
-        # the three launches before this one left every number needed here in tables
+        # the launches before this one counted: here only table reads and one cumsum over experts
         chunk = t // CHUNK_T
         rank = (tl.load(pre_ptr + chunk * E_BINS + eq, mask=keep_q, other=0)
                 + tl.load(rank_ptr + q, mask=keep_q, other=0))
-        cnt_q = tl.load(tot_ptr + eq, mask=keep_q, other=0)
-        base = tl.load(tab_ptr + eq, mask=keep_q, other=0)
-        lid = tl.load(tab_ptr + E_BINS + eq, mask=keep_q, other=0)
+        cnt = tl.where(bins < E, tl.load(tot_ptr + bins), 0)
+        padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
+        base = tl.gather(tl.cumsum(padded, 0) - padded, eq, 0)
+        cnt_q = tl.gather(cnt, eq, 0)
+        if HAS_MASK:
+            mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
+            lid = tl.gather(tl.cumsum(mvals, 0) - mvals, eq, 0)
+        else:
+            lid = eq
+        if (t == 0) & (cs == 0):
+            tl.store(nv_ptr, tl.sum(padded, 0))
+            tl.store(nv_ptr + 1, T)
     else:
         cnt = _count_experts(ids_ptr, mask_ptr, 0, P, E, E_BINS, COUNT_CHUNK, HAS_MASK, USE_HIST)
         before = _count_same_expert(ids_ptr, mask_ptr, 0, tl.minimum(my_first, P), eq, E, E_BINS,
@@ -311,14 +328,14 @@ def _sort_quant_kernel(
             n_keep = tl.sum(keep_q.to(tl.int32), 0)
             all_zero = (n_keep > 0) & (tl.sum(zero_w.to(tl.int32), 0) == n_keep)
             if QG == G_TILE:
-                _store_quant_tile(q_row, s_ptr, s, code, g0, G, pos, keep_q, zero_w, all_zero,
-                                  FUSED, FP4, SNP, K_PAD, G_TILE)
+                _store_quant_tile(q_row, s_ptr, cs_ptr + row * G, s, code, g0, G, pos, keep_q, zero_w,
+                                  all_zero, FUSED, FP4, SNP, K_PAD, G_TILE, COMPACT_SCALES)
             else:
                 for gq in range(g0, tl.minimum(g0 + G_TILE, G), QG):
                     s, code = _mx_quant_row(x_row + gq * 32, G - gq, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
                                             SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG)
-                    _store_quant_tile(q_row, s_ptr, s, code, gq, G, pos, keep_q, zero_w, all_zero,
-                                      FUSED, FP4, SNP, K_PAD, QG)
+                    _store_quant_tile(q_row, s_ptr, cs_ptr + row * G, s, code, gq, G, pos, keep_q, zero_w,
+                                      all_zero, FUSED, FP4, SNP, K_PAD, QG, COMPACT_SCALES)
         if FUSED:
             if (t == T) & (T < M):
                 for gq in range(g0, tl.minimum(g0 + G_TILE, G), QG):
@@ -350,21 +367,24 @@ def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
 
 
 @triton.jit
-def _segment_table_kernel(tot_ptr, mask_ptr, nlt_ptr, tab_ptr, nv_ptr, M, E,
-                          BLOCK: tl.constexpr, E_BINS: tl.constexpr, HAS_MASK: tl.constexpr,
-                          HAS_NLT: tl.constexpr):
-    """Each expert's padded segment start and local id, and ``num_valid_ids``."""
-    bins = tl.arange(0, E_BINS)
-    cnt = tl.where(bins < E, tl.load(tot_ptr + bins), 0)
-    padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
-    tl.store(tab_ptr + bins, tl.cumsum(padded, 0) - padded)
-    if HAS_MASK:
-        mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
-        tl.store(tab_ptr + E_BINS + bins, tl.cumsum(mvals, 0) - mvals)
-    else:
-        tl.store(tab_ptr + E_BINS + bins, bins)
-    tl.store(nv_ptr, tl.sum(padded, 0))
-    tl.store(nv_ptr + 1, _token_count(nlt_ptr, M, HAS_NLT))
+def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, SNP: tl.constexpr, BYTES: tl.constexpr):
+    """Scale bytes of 32 sorted rows (``32 * SNP`` contiguous bytes of the swizzled layout), each
+    from its token's compact row: full coalesced stores instead of one scattered byte per
+    (pair, group), which leave every 32-byte sector to be merged from many programs."""
+    p = tl.program_id(0)
+    nv = tl.load(nv_ptr)
+    T = tl.load(nv_ptr + 1)
+    for b0 in range(0, SNP * 32, BYTES):
+        o = b0 + tl.arange(0, BYTES)
+        # the inverse of _swizzle within a 32-row tile
+        rem = o % 256
+        sub = rem % 64
+        g = (o // 256) * 8 + ((sub % 4) // 2) * 4 + rem // 64
+        row = p * 32 + (sub % 2) * 16 + sub // 4
+        tok = tl.load(sid_ptr + row, mask=row < nv, other=0) & 0xFFFFFF
+        real = (row < nv) & (tok < T) & (g < G)
+        val = tl.load(cs_ptr + tok.to(tl.int64) * G + g, mask=real, other=0)
+        tl.store(s_ptr + p.to(tl.int64) * (SNP * 32) + o, val, mask=o < SNP * 32)
 
 
 @triton.jit
@@ -528,7 +548,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     init = moe_buf_init if moe_buf_init is not None else moe_buf
     pairs = max(M * K, 1)
     prescanned = pairs > ONE_LAUNCH_MAX_PAIRS
-    pre = tot = tab = ranks = sorted_ids
+    pre = tot = ranks = sorted_ids
     chunk_t = 1
     if prescanned:
         chunk_t = max(1, _prev_pow2(CHUNK_PAIRS // K))
@@ -536,7 +556,6 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         hist = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         pre = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         tot = _empty(e_bins, dtype=torch.int32, device=dev)
-        tab = _empty(2, e_bins, dtype=torch.int32, device=dev)
         ranks = _empty(M * K, dtype=torch.int32, device=dev)
         pc = _next_pow2(chunk_t * K)
         _chunk_rank_kernel[(n_chunks,)](
@@ -546,10 +565,10 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         e_tile = min(e_bins, 64)
         _chunk_scan_kernel[(e_bins // e_tile,)](hist, pre, tot, n_chunks,
                                                 E_BINS=e_bins, E_TILE=e_tile, C_TILE=64)
-        _segment_table_kernel[(1,)](tot, mask_arg, nlt_arg, tab, num_valid_ids, M, num_experts,
-                                    BLOCK=block_size, E_BINS=e_bins, HAS_MASK=has_mask, HAS_NLT=has_nlt,
-                                    num_warps=4 if e_bins <= 1024 else 8)
 
+    # large split-semantics batches: scales go to a compact [M, G] buffer, then to the sorted rows
+    compact_scales = prescanned and quant is not None and not fused
+    compact = _empty(M, G, dtype=torch.uint8, device=dev) if compact_scales else sorted_ids
     q_u8 = q_out.view(torch.uint8) if quant is not None else q_out
     s_u8 = s_out.view(torch.uint8) if quant is not None else s_out
     g_pad = _next_pow2(G)
@@ -562,7 +581,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids,
         x, x.stride(0), q_u8, s_u8,
         moe_buf, init, init.stride(0) if init.dim() == 2 else 0,
-        pre, tot, tab, ranks,
+        pre, tot, ranks, compact,
         M, num_experts, model_dim, G,
         K=K, K_PAD=k_pad, BLOCK=block_size, E_BINS=e_bins,
         # counting parameters matter only to the one-launch path (fixed otherwise: no recompiles)
@@ -573,9 +592,12 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=triton.cdiv(triton.cdiv(model_dim, split), 16) * 16,
-        PRESCANNED=prescanned, CHUNK_T=chunk_t, G_TILE=g_tile, QG=qg,
+        PRESCANNED=prescanned, CHUNK_T=chunk_t, G_TILE=g_tile, QG=qg, COMPACT_SCALES=compact_scales,
         num_warps=4 if qg * 32 <= WIDE_ROW_ELEMS else 8,
     )
+    if compact_scales:
+        _scale_tiles_kernel[(s_out.shape[0] // 32,)](sorted_ids, num_valid_ids, compact, s_u8, G,
+                                                       SNP=snp, BYTES=SCALE_TILE_BYTES)
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
 
 

@@ -215,6 +215,11 @@ def test_multi_launch_path(monkeypatch):
     run(23, 4, 8, 16, qd=FP4)
     run(23, 4, 64, 32, qd=FP8, kind="bad", mask=(torch.arange(64, device=DEV) % 3 != 0).to(torch.int32),
         nlt=torch.tensor([19], dtype=torch.int32, device=DEV), semantics="fused")
+    # split semantics (AITER's, and so "auto", at these sizes): scales through the compact buffer
+    run(23, 4, 8, 16, qd=FP4, semantics="split")
+    run(31, 3, 16, 32, N=544, qd=FP8, kind="bad", semantics="split", mask=(torch.arange(16, device=DEV) % 4 != 1).to(
+        torch.int32), nlt=torch.tensor([26], dtype=torch.int32, device=DEV))
+    run(17, 8, 8, 64, N=224, qd=FP8NUZ, kind="skewed", xkind="special", semantics="split")
     # duplicates within tokens and across chunk edges; topk 11 leaves 5 dead slots in each sorted chunk
     run(29, 11, 16, 16, qd=None, kind="skewed")
     monkeypatch.setattr(k, "CHUNK_PAIRS", 64)
