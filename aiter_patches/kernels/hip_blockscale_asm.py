@@ -175,6 +175,41 @@ def kernel_args(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale: to
     )
 
 
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+
+
+def unsupported_reason(A, B, out, A_scale, B_scale) -> str | None:
+    """Why these operands would reach the kernel in a layout its arguments cannot describe, or None.
+
+    Metadata only. The kernel takes row strides for A, B and out (unit column strides), and reads
+    both scale tensors as raw contiguous memory: A_scale as AITER's K-major M x K/128 values,
+    B_scale as N/128 x K/128.
+    """
+    for name, t in (("A", A), ("B", B)):
+        if t.dim() != 2 or t.dtype not in _FP8:
+            return f"{name} is not a 2-D fp8 tensor ({t.dtype})"
+        if t.stride(1) != 1:
+            return f"{name} rows are not contiguous"
+    if out.dim() != 2 or out.dtype != torch.bfloat16 or out.stride(1) != 1:
+        return "out is not a bf16 [M, N] tensor with contiguous rows"
+    M, K = A.shape
+    N = out.shape[1]
+    if out.shape[0] != M or tuple(B.shape) != (N, K):
+        return f"shapes: A {tuple(A.shape)}, B {tuple(B.shape)}, out {tuple(out.shape)} are not [M, K], [N, K], [M, N]"
+    if N % SCALE_BLOCK_N or K % TILE_K:
+        return f"N={N} and K={K} must be multiples of 128"
+    if not B.is_contiguous():
+        return "B is not contiguous (the pre-shuffled layout is read as one block)"
+    for name, t, n in (("A_scale", A_scale, M * (K // TILE_K)),
+                       ("B_scale", B_scale, (N // SCALE_BLOCK_N) * (K // SCALE_BLOCK_K))):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n:
+            return f"{name} is not a contiguous fp32 tensor of {n} values"
+    for name, t in (("B", B), ("out", out), ("A_scale", A_scale), ("B_scale", B_scale)):
+        if t.device != A.device:
+            return f"{name} is on {t.device}, A on {A.device}"
+    return None
+
+
 def gfx_of(device: torch.device) -> str | None:
     props = torch.cuda.get_device_properties(device)
     name = getattr(props, "gcnArchName", "") or ""
@@ -296,12 +331,11 @@ def gemm_a8w8_blockscale_asm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor
     reason = available(A.device, aiter_root)
     if reason is not None:
         raise RuntimeError(reason)
+    bad = unsupported_reason(A, B, out, A_scale, B_scale)
+    if bad is not None:
+        raise ValueError(bad)
     M, K = A.shape
     N = out.shape[1]
-    if out.dtype != torch.bfloat16 or A.element_size() != 1 or B.element_size() != 1:
-        raise ValueError(f"need fp8 A and B and a bf16 out, got {A.dtype}, {B.dtype}, {out.dtype}")
-    if B.shape[0] != N or N % SCALE_BLOCK_N or K % TILE_K:
-        raise ValueError(f"N={N} (B has {B.shape[0]} rows) and K={K} must be multiples of 128")
     gfx = gfx_of(A.device)
     kernels = load_kernel_list(aiter_root, gfx)
     cu_num = cu_num or torch.cuda.get_device_properties(A.device).multi_processor_count
@@ -310,7 +344,10 @@ def gemm_a8w8_blockscale_asm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor
         key = (A.device.index, N)
         bias = _zero_bias.get(key)
         if bias is None:
-            bias = _zero_bias[key] = torch.zeros(1, N, dtype=torch.float32, device=A.device)
+            bias = torch.zeros(1, N, dtype=torch.float32, device=A.device)
+            if not torch.cuda.is_current_stream_capturing():
+                # made under capture, its zeros would exist only once the graph replays
+                _zero_bias[key] = bias
     launcher = _get_launcher()
     fn = launcher.function(A.device.index, os.path.join(kernel_dir(aiter_root, gfx), cfg.co_name), cfg.knl_name)
     args = kernel_args(A, B, out, A_scale, B_scale, bias, split)

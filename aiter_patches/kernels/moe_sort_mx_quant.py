@@ -1,4 +1,4 @@
-"""MoE sort + moe_buf fill + stage-1 MX quant in one Triton launch (three for large batches).
+"""MoE sort + moe_buf fill + stage-1 MX quant in one Triton launch (four for large batches).
 
 Why: at decode sizes AITER spends a sort launch (two below 2048 tokens), a zero-fill inside it
 and one or two quant launches on a few hundred bytes of routing data. Here one grid does it all:
@@ -9,11 +9,13 @@ before its token, and writes its ``topk`` entries of ``sorted_ids``/``sorted_wei
 e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row and its
 ``moe_buf`` row. No program waits for another.
 
-Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) add three small launches before the
-same kernel, so that no program counts anything: per chunk of tokens, the expert counts and each
-pair's rank among the chunk's earlier pairs of its expert (a sort of the chunk by expert); an
-exclusive scan of the counts over chunks; each expert's padded segment start and local id. The
-main kernel then only reads those tables: four launches in all.
+Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) take four launches, so that no
+program counts anything: per chunk of tokens, the expert counts and each pair's rank among the
+chunk's earlier pairs of its expert (a sort of the chunk by expert); an exclusive scan of the
+counts over chunks; the same per-token kernel, now reading those tables (one cumsum over the
+experts per program for the segment starts); and, for AITER's split quant semantics, a launch
+that moves each token's compact scale row to its sorted rows in whole 32-row tiles of the
+swizzled layout (one-byte scattered stores from every token were the prefill's bottleneck).
 
 Semantics are those of ``aiter_patches.reference.moe_sorting`` and ``...reference.mx_quant``
 (out-of-range expert ids dropped, ``num_local_tokens`` read on the device and clamped to
@@ -115,7 +117,7 @@ def _mx_quant_row(x_row_ptr, G, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.c
     x = tl.load(x_row_ptr + gi * 32 + ei, mask=gi < G, other=0.0).to(tl.float32)
     bits = x.to(tl.int32, bitcast=True)
     abits = bits & 0x7FFFFFFF
-    amax_bits = tl.max(abits, axis=1)
+    amax_bits = tl.max(tl.where(abits > 0x7F800000, 0, abits), axis=1)  # NaN skipped, as AITER's fmaxf
     nonfinite = amax_bits >= 0x7F800000
     amax = tl.maximum(amax_bits, FLOOR_BITS).to(tl.float32, bitcast=True)
     inv = tl.full([G_PAD], INV_MAX_BITS, tl.int32).to(tl.float32, bitcast=True)

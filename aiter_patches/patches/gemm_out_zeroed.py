@@ -96,6 +96,9 @@ def _plan(bound: dict):
                                                  b_preshuffled=bpreshuffle, zero_out=False)
     from ..kernels import hip_blockscale_asm as hip
 
+    reason = hip.unsupported_reason(A, B, out, A_scale, B_scale)
+    if reason is not None:
+        return reason
     root = _aiter_root()
     reason = hip.available(A.device, root)
     if reason is not None:

@@ -120,7 +120,7 @@ def _sort_wrapper(inner, site):
     counters = site.counters
 
     def _moe_sorting_impl(*args, **kwargs):
-        call = moe_call.current()
+        call = moe_call.mark_sort_reached()
         if call is None or call.addend is None or call.addend_state != PENDING:
             return inner(*args, **kwargs)
         bound, problems = binder.bind(args, kwargs)

@@ -47,10 +47,19 @@ class MoeCall:
     addend_written_by_sort: bool = False
     moe_buf: Any = None
     stage1_quant: StageOneQuant | None = None
+    sort_reached: bool = False  # some wrapper of _moe_sorting_impl saw this call's sort
 
 
 def current() -> MoeCall | None:
     return _CALL.get()
+
+
+def mark_sort_reached() -> MoeCall | None:
+    """Called by every wrapper of ``_moe_sorting_impl``: this call's sort went through it."""
+    call = _CALL.get()
+    if call is not None:
+        call.sort_reached = True
+    return call
 
 
 @contextlib.contextmanager
@@ -95,11 +104,13 @@ def like(wrapper: Callable, inner: Callable) -> Callable:
     return wrapper
 
 
-def fused_moe_scope_wrapper(contribute: Callable[[MoeCall, dict, Any], None]):
+def fused_moe_scope_wrapper(contribute: Callable[[MoeCall, dict, Any], None],
+                            after: Callable[[MoeCall, Any], None] | None = None):
     """A wrapper factory for ``fused_moe`` that opens (or joins) the call's :class:`MoeCall`.
 
     ``contribute(call, arguments, site)`` adds this patch's part (e.g. a quant
-    prediction). Arguments the pin does not explain send the call inward untouched.
+    prediction); ``after(call, site)`` runs once ``fused_moe`` returned. Arguments the
+    pin does not explain send the call inward untouched.
     """
 
     def factory(inner, site):
@@ -113,9 +124,13 @@ def fused_moe_scope_wrapper(contribute: Callable[[MoeCall, dict, Any], None]):
             call, new = joined_or_new(bound)
             contribute(call, bound, site)
             if not new:
-                return inner(*args, **kwargs)
-            with scope(call):
-                return inner(*args, **kwargs)
+                out = inner(*args, **kwargs)
+            else:
+                with scope(call):
+                    out = inner(*args, **kwargs)
+            if after is not None:
+                after(call, site)
+            return out
 
         return like(fused_moe, inner)
 

@@ -70,11 +70,17 @@ def _contribute(call, bound, site) -> None:
         call.quant_dtype = predict_stage1_quant(bound)
 
 
+def _count_unreached_sort(call, site) -> None:
+    if not call.sort_reached:
+        site.counters.fallback("the sort did not run through _moe_sorting_impl (flat or FlyDSL sort)")
+
+
 def _sort_wrapper(inner, site):
     binder = site.binder
     counters = site.counters
 
     def _moe_sorting_impl(*args, **kwargs):
+        moe_call.mark_sort_reached()
         bound, problems = binder.bind(args, kwargs)
         if problems:
             counters.fallback(problems[0])
@@ -169,7 +175,7 @@ PATCH = Patch(
     name=NAME,
     summary="MoE sort + moe_buf zero-fill + stage-1 MX (fp4/fp8) activation quant in one Triton launch",
     targets=(
-        Target("aiter.fused_moe", "fused_moe", pins.FUSED_MOE, fused_moe_scope_wrapper(_contribute),
+        Target("aiter.fused_moe", "fused_moe", pins.FUSED_MOE, fused_moe_scope_wrapper(_contribute, _count_unreached_sort),
                "Predicts the stage-1 MX quant from the arguments and opens the per-call hand-off."),
         Target("aiter.fused_moe", "_moe_sorting_impl", pins.MOE_SORTING_IMPL, _sort_wrapper,
                "Looked up in aiter.fused_moe's globals by moe_sorting at call time: the one-launch sort (+ quant)."),

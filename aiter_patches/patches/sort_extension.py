@@ -153,6 +153,7 @@ def _sort_wrapper(inner, site):
     counters = site.counters
 
     def _moe_sorting_impl(*args, **kwargs):
+        moe_call.mark_sort_reached()
         stack = _ACTIVE.get()
         if not stack:
             return inner(*args, **kwargs)

@@ -7,13 +7,15 @@ between them. Every rounding below is done on the fp32 bit pattern.
 Per group of 32 consecutive values of a row (aiter-facts.md "MX quant contract",
 `csrc/include/mx_quant_utils.h`, RoundUp):
 
-* ``amax = max(1e-10, max |x|)``; ``u = bits(fp32(amax * fp32(1 / max_pos)))``;
+* ``amax = max(1e-10, max |x|)`` over the group's non-NaN values (AITER's ``max(absMax, abs(x))``
+  is fmaxf, which skips NaN; ``quant_kernels.cu``); ``u = bits(fp32(amax * fp32(1 / max_pos)))``;
   ``e = (u >> 23) & 0xFF``, plus one when the mantissa of ``u`` is nonzero and ``e < 0xFF``.
   ``max_pos`` is 6 (fp4 e2m1), 448 (fp8 e4m3fn), 240 (fp8 e4m3fnuz, gfx942).
-* A group holding NaN or +-Inf gets scale byte ``0xFF`` (e8m0 NaN). Its element codes are
-  still defined here (finite values scaled by ``2^-128``, +-Inf saturated, NaN -> the fp8 NaN
-  code or the saturated fp4 code) so that kernels can be compared bitwise; AITER's own NaN
-  handling differs (see the report), which is why callers should treat such groups as garbage.
+* A group holding +-Inf gets scale byte ``0xFF`` (e8m0 NaN); a NaN only counts as absent from
+  the maximum. Element codes stay defined here (finite values scaled by ``2^-128`` under an
+  Inf, +-Inf saturated, NaN -> the fp8 NaN code or the saturated fp4 code) so that kernels
+  can be compared bitwise; what AMD's hardware conversion writes for a NaN element has not
+  been checked, so callers should treat a NaN element's byte as garbage.
 * ``q = x * 2^(127 - e)`` rounded to nearest-even on the target grid, saturated at +-max_pos,
   sign kept (``-0`` stays ``-0``; e4m3fnuz has no ``-0`` and writes ``0x00``).
 * fp4 packs element ``2i`` in the low nibble of byte ``i`` (``[0.5, 1.0] -> 0x21``).
@@ -65,7 +67,7 @@ def _f32_bits(x: torch.Tensor) -> torch.Tensor:
 def e8m0_scale_bytes(groups: torch.Tensor, fmt: MxFormat) -> torch.Tensor:
     """RoundUp e8m0 scale byte (int64 0..255) per row of ``groups`` ``[..., 32]``."""
     abs_bits = _f32_bits(groups) & 0x7FFFFFFF
-    amax_bits = abs_bits.amax(dim=-1)
+    amax_bits = torch.where(abs_bits > 0x7F800000, 0, abs_bits).amax(dim=-1)  # NaN skipped
     nonfinite = amax_bits >= 0x7F800000
     amax = amax_bits.clamp(min=AMAX_FLOOR_BITS).to(torch.int32).view(torch.float32)
     inv = torch.full((1,), fmt.inv_max_pos_bits, dtype=torch.int32, device=groups.device).view(torch.float32)

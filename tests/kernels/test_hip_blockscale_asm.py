@@ -149,3 +149,68 @@ def test_available_says_why_here():
     assert reason is not None
     if torch.version.hip is None:
         assert "ROCm" in reason
+
+
+def _operands(M=4, N=256, K=512):
+    fp8 = torch.float8_e4m3fn
+    A = torch.zeros(M, K, dtype=fp8)
+    B = torch.zeros(N, K, dtype=fp8)
+    out = torch.zeros(M, N, dtype=torch.bfloat16)
+    A_scale = torch.ones(K // 128, M).t().contiguous().view(M, K // 128)  # as AITER passes it
+    B_scale = torch.ones(N // 128, K // 128)
+    return dict(A=A, B=B, out=out, A_scale=A_scale, B_scale=B_scale)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda o: o.update(A=o["A"].to(torch.bfloat16)), "A is not a 2-D fp8 tensor"),
+    (lambda o: o.update(B=torch.zeros(256, 1024, dtype=torch.float8_e4m3fn)[:, ::2]), "B rows are not contiguous"),
+    (lambda o: o.update(out=o["out"].half()), "out is not a bf16"),
+    (lambda o: o.update(out=torch.zeros(4, 512, dtype=torch.bfloat16)[:, ::2]), "out is not a bf16"),
+    (lambda o: o.update(B=torch.zeros(128, 512, dtype=torch.float8_e4m3fn)), "shapes"),
+    (lambda o: o.update(A=torch.zeros(4, 576, dtype=torch.float8_e4m3fn),
+                        B=torch.zeros(256, 576, dtype=torch.float8_e4m3fn)), "must be multiples of 128"),
+    (lambda o: o.update(B=torch.zeros(512, 256, dtype=torch.float8_e4m3fn).t()), "B rows are not contiguous"),
+    (lambda o: o.update(A_scale=torch.ones(4, 4).t().contiguous().t()), "A_scale is not a contiguous fp32"),
+    (lambda o: o.update(A_scale=torch.ones(4, 5)), "A_scale is not a contiguous fp32 tensor of 16 values"),
+    (lambda o: o.update(B_scale=o["B_scale"].double()), "B_scale is not a contiguous fp32"),
+    (lambda o: o.update(B_scale=torch.ones(2, 5)), "B_scale is not a contiguous fp32 tensor of 8 values"),
+    (lambda o: o.update(out=torch.zeros(4, 256, dtype=torch.bfloat16, device="meta")), "out is on meta"),
+])
+def test_operand_gate_names_the_argument(change, says):
+    ops = _operands()
+    assert hb.unsupported_reason(**ops) is None
+    change(ops)
+    assert says in hb.unsupported_reason(**ops)
+
+
+def test_a_row_stride_is_an_argument_not_a_reason():
+    ops = _operands()
+    ops["A"] = torch.zeros(4, 1024, dtype=torch.float8_e4m3fn)[:, :512]
+    assert hb.unsupported_reason(**ops) is None
+
+
+def test_zero_bias_made_under_graph_capture_is_not_cached(monkeypatch):
+    """A zeros buffer allocated during capture holds zeros only once the graph replays: never reuse it eagerly."""
+    launched = []
+
+    class FakeLauncher:
+        def function(self, *a):
+            return "fn"
+
+        def launch(self, fn, grid, args, stream):
+            launched.append(args)
+
+    cfg = KERNELS[0]
+    monkeypatch.setattr(hb, "available", lambda device, root: None)
+    monkeypatch.setattr(hb, "gfx_of", lambda device: "gfx942")
+    monkeypatch.setattr(hb, "load_kernel_list", lambda root, gfx: KERNELS)
+    monkeypatch.setattr(hb, "select_kernel", lambda *a: (cfg, 2))
+    monkeypatch.setattr(hb, "_get_launcher", lambda: FakeLauncher())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(hb, "_zero_bias", {})
+    ops = _operands()
+    for capturing, cached in ((True, 0), (True, 0), (False, 1), (True, 1)):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        hb.gemm_a8w8_blockscale_asm(**ops, aiter_root="/x", cu_num=80)
+        assert len(hb._zero_bias) == cached
+    assert len(launched) == 4

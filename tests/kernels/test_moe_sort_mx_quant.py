@@ -256,6 +256,15 @@ def test_unsupported_reason_reads_metadata_only():
     for key, val in bad.items():
         assert k.unsupported_reason(**{**ok, key: val}) is not None, key
     assert "contiguous" in k.unsupported_reason(**{**ok, "topk_ids": ids.t().contiguous().t()})
+    # past the int32 offsets: metadata on the meta device, nothing allocated
+    meta = dict(device="meta")
+    big = {**ok, "topk_ids": torch.empty(1 << 24, 2, dtype=torch.int32, **meta),
+           "topk_weights": torch.empty(1 << 24, 2, **meta), "quant_input": None, "quant_dtype": None}
+    assert "24-bit token field" in k.unsupported_reason(**big)
+    wide = {**ok, "topk_ids": torch.empty(4096, 2, dtype=torch.int32, **meta),
+            "topk_weights": torch.empty(4096, 2, **meta), "quant_input": None, "quant_dtype": None,
+            "model_dim": 1 << 20}
+    assert "int32 offset limit" in k.unsupported_reason(**wide)
     assert "contiguous" in k.unsupported_reason(**{**ok, "quant_input": activations(4, 512)[:, ::2]})
 
 
@@ -290,6 +299,14 @@ def test_gpu_decode_matrix(M, K, E, B, N, qd):
 @pytest.mark.parametrize("M,K,E,B,N,qd", _gpu_cases(PREFILL_TOKENS))
 def test_gpu_prefill_matrix(M, K, E, B, N, qd):
     run(M, K, E, B, N, qd, seed=M + E)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("K,E,B,N,qd", [(8, 256, 32, 7168, FP4), (16, 896, 64, 3584, FP8)])
+def test_gpu_largest_prefill(K, E, B, N, qd):
+    """32768 tokens at topk 8 and 16: the four-launch path with its scale tiles, at the shapes benchmarked."""
+    run(32768, K, E, B, N, qd, seed=K)
 
 
 @pytest.mark.parametrize("kind", ["one", "skewed", "bad"])

@@ -254,6 +254,60 @@ def test_bad_input_falls_back_to_aiters_error(stub, device, case):
     assert sum(stats()["fallback"].values()) == 1
 
 
+@pytest.mark.parametrize("case", ["A column stride 2", "A row stride", "B not contiguous",
+                                  "out column stride 2", "out row stride", "A_scale not contiguous"])
+def test_strided_operands_get_aiters_result_or_error(stub, device, case):
+    """Strides the kernel's arguments cannot describe fall back (counted); a row stride it can is served."""
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=9)
+
+    def outs():
+        if case == "out column stride 2":
+            return zero_out(M, 2 * N, device)[:, ::2]
+        if case == "out row stride":
+            return zero_out(M, N + 128, device)[:, :N]
+        return zero_out(M, N, device)
+
+    if case == "A column stride 2":
+        A = torch.stack([A.view(torch.uint8)] * 2, -1).reshape(M, 2 * K)[:, ::2].view(A.dtype)
+    elif case == "A row stride":
+        A = torch.cat([A.view(torch.uint8)] * 2, 1)[:, :K].view(A.dtype)
+    elif case == "B not contiguous":
+        Bs = torch.stack([Bs.view(torch.uint8)] * 2, -1).reshape(N, 2 * K)[:, ::2].view(Bs.dtype)
+    elif case == "A_scale not contiguous":
+        A_scale = torch.stack([A_scale.contiguous()] * 2, -1).reshape(M, -1)[:, ::2]
+    out0, out1 = outs(), outs()
+    err0 = capture_error(lambda: gemm(A, Bs, out0, A_scale, B_scale, splitK=2))
+    aiter_patches.apply([NAME])
+    err1 = capture_error(lambda: gemm(A, Bs, out1, A_scale, B_scale, splitK=2, out_zeroed=True))
+    assert err1 == err0
+    if err0 is None:
+        assert torch.equal(bits(out0), bits(out1))
+    assert stats()["errors"] == {}
+    if case in ("A row stride", "out row stride"):  # row strides are kernel arguments
+        assert stats()["fast"] == 1
+    else:
+        assert stats()["fast"] == 0 and sum(stats()["fallback"].values()) == 1, stats()
+
+
+def test_real_aiter_branch_gates_operands_before_the_launch(stub, device, monkeypatch):
+    """On a real AITER (not the stand-in) the operands are checked before any .co is looked for."""
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=3)
+    as_aiter_passes_it = A_scale.t().contiguous().view(M, K // 128)  # x_scale.T.contiguous().view(M, K/128)
+    monkeypatch.setattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    aiter_patches.apply([NAME])
+    capture_error(lambda: gemm(A, Bs, zero_out(M, N, device), as_aiter_passes_it, B_scale, splitK=2,
+                               out_zeroed=True))
+    assert [r.split(":")[0] for r in stats()["fallback"]] == ["AITER's .co cannot be launched here"], stats()
+    capture_error(lambda: gemm(A, Bs, zero_out(M, N, device), A_scale, B_scale, splitK=2, out_zeroed=True))
+    assert any("A_scale is not a contiguous fp32 tensor" in r for r in stats()["fallback"]), stats()
+    capture_error(lambda: gemm(A, Bs, zero_out(M, N, device).half(), as_aiter_passes_it, B_scale, splitK=2,
+                               out_zeroed=True))
+    assert any("out is not a bf16" in r for r in stats()["fallback"]), stats()
+    assert stats()["fast"] == 0 and stats()["errors"] == {}
+
+
 def test_bias_goes_to_the_original(stub, gemm_op, device):
     M, N, K = 7, 128, 512
     A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=6)

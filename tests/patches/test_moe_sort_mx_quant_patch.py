@@ -177,6 +177,90 @@ def test_ck_sort_and_unknown_keywords_go_to_aiter(stub, device, monkeypatch):
     assert any("unknown keyword 'surprise'" in r for r in stats()["fallback"])
 
 
+def _sort_call(device, M=4, E=8, topk=2, model_dim=128, block=32, **kw):
+    if topk <= E:
+        ids, w = routing(M, E, topk, device)
+    else:  # more slots than experts: repeats
+        ids = torch.randint(0, E, (M, topk), generator=torch.Generator().manual_seed(1)).int().to(device)
+        w = torch.rand(M, topk, generator=torch.Generator().manual_seed(2)).to(device)
+    return (ids, w, E, model_dim, torch.bfloat16, block), kw
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        (dict(return_local_topk_ids=True), "return_local_topk_ids"),
+        (dict(E=2600, topk=2), "num_experts 2600 outside 1..2048"),
+        (dict(E=4, topk=8), "num_experts 4 < topk 8"),
+        (dict(block=8), "block_size 8 not in 16/32/64/128"),
+        (dict(E=128, topk=72), "topk 72 outside 1..64"),
+    ],
+)
+def test_unsupported_sort_arguments_fall_back_with_a_counted_reason(stub, device, caplog, case, reason):
+    import aiter.fused_moe as fm
+
+    args, kw = _sort_call(device, **case)
+    with suspended():
+        expected = fm.moe_sorting(*args, **kw)
+    aiter_patches.apply([NAME])
+    with caplog.at_level(logging.DEBUG, logger="aiter_patches"):
+        got = fm.moe_sorting(*args, **kw)
+    assert stats()["fast"] == 0
+    assert any(reason in r for r in stats()["fallback"]), stats()
+    assert any(reason in r.getMessage() for r in caplog.records)
+    assert torch.equal(got[3], expected[3])  # AITER's own sort ran: the same valid count
+    n = int(expected[3][0])
+    assert torch.equal(got[0][:n], expected[0][:n])
+
+
+def test_output_aux_goes_to_aiter(stub, device):
+    import aiter.fused_moe as fm
+
+    args, _ = _sort_call(device)
+    aiter_patches.apply([NAME])
+    with pytest.raises(NotImplementedError, match="output_aux"):  # the stand-in's own answer reached
+        fm.moe_sorting(*args, output_aux=True)
+    assert any("output_aux" in r for r in stats()["fallback"]), stats()
+
+
+def test_activations_the_kernel_cannot_quantize_leave_the_quant_to_aiter(stub, device):
+    """Strided activations: the sort stays fast; the stage-1 quant is AITER's, with the reason counted."""
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, 5, 8, 2, 256, 128, "fp4")
+    args["hidden_states"] = torch.cat([args["hidden_states"]] * 2, 1)[:, ::2]
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    got = fm.fused_moe(**args)
+    assert same_bits(got, expected)
+    assert stats()["fast"] >= 1
+    assert any("stage-1 quant not fused: quant_input not contiguous" in r for r in stats()["fallback"]), stats()
+
+
+def test_a_sort_that_bypasses_moe_sorting_impl_is_counted(stub, device, monkeypatch):
+    """FlyDSL and flat sorts never reach _moe_sorting_impl: fused_moe's result is AITER's and the miss is counted."""
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, 5, 8, 2, 256, 128, "fp4")
+    expected = fm.fused_moe(**args)
+    unpatched_impl = fm._moe_sorting_impl
+    aiter_patches.apply([NAME])
+    original_sorting = fm.moe_sorting
+
+    def flydsl_like_sorting(*a, **k):
+        monkeypatch.setattr(fm, "_moe_sorting_impl", unpatched_impl)
+        try:
+            return original_sorting(*a, **k)
+        finally:
+            monkeypatch.undo()
+
+    monkeypatch.setattr(fm, "moe_sorting", flydsl_like_sorting)
+    got = fm.fused_moe(**args)
+    assert same_bits(got, expected)
+    assert stats()["fast"] == 0
+    assert any("did not run through _moe_sorting_impl" in r for r in stats()["fallback"]), stats()
+
+
 def test_bad_expert_ids_never_write_out_of_bounds(stub, device):
     """Negative and too-large ids are dropped (documented) by both the stand-in and the kernel."""
     import aiter.fused_moe as fm

@@ -332,7 +332,8 @@ def _mx_quant_rows(x: torch.Tensor, fmt: _MxFormat) -> tuple[torch.Tensor, torch
     if n % 32:
         raise NotImplementedError(f"MX quant needs a multiple of 32 columns, got {n}")
     g = x.float().view(rows, n // 32, 32)
-    amax = g.abs().amax(dim=-1).clamp_min(_E8M0_OF_EMPTY_GROUP)
+    a = g.abs()
+    amax = torch.where(a.isnan(), 0.0, a).amax(dim=-1).clamp_min(_E8M0_OF_EMPTY_GROUP)  # fmaxf skips NaN
     e = _e8m0_round_up(amax, fmt)
     inv_scale = _pow2_f32((127 - e).clamp(-126, 127))
     code = _encode(g * inv_scale.unsqueeze(-1), fmt).view(rows, n)
