@@ -10,7 +10,7 @@ Two comparisons per (tokens, hidden), GPU time per call from CUDA-graph replay:
 
 Launches and bytes saved are computed; times are measured on the GPU this runs on.
 
-    python bench/bench_addend_fold.py --out docs/bench/addend_fold.md
+    python bench/bench_addend_fold.py --out docs/bench/addend_fold_h200.md
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> int:
     lines = [
         f"# Addend fold benchmark ({gpu_name()})",
         "",
-        "Command: `python bench/bench_addend_fold.py --out docs/bench/addend_fold.md`",
+        "Command: `python bench/bench_addend_fold.py --out docs/bench/addend_fold_h200.md`",
         f"CUDA-graph replay, median of 7; launch floor (empty Triton kernel) {floor:.2f} us; "
         f"copy bandwidth {bw / 1e12:.2f} TB/s. experts {EXPERTS}, topk {TOPK}, block {BLOCK}.",
         "",

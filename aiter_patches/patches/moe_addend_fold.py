@@ -102,7 +102,7 @@ def _fused_moe_wrapper(inner, site):
             counters.hit()
             return out
         if call.addend_state == PENDING:
-            counters.fallback("the sort did not run through _moe_sorting_impl (FlyDSL sort, flat, fhmoe or 1-stage path)")
+            counters.fallback("the sort did not run through _moe_sorting_impl (flat or FlyDSL sort)")
         elif call.addend_state == FOLDED:
             counters.fallback("fused_moe returned another tensor than the sort's moe_buf")
         out.add_(moe_addend)

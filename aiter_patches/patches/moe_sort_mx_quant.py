@@ -98,6 +98,7 @@ def _sort_wrapper(inner, site):
             request.update(quant_input=None, quant_dtype=None)
             reason = kernel.unsupported_reason(**request)
         if reason is not None and request["moe_buf_init"] is not None:
+            counters.fallback(f"addend not written in the sort launch (copied after it): {reason}")
             request.update(moe_buf_init=None)
             reason = kernel.unsupported_reason(**request)
         if reason is not None:

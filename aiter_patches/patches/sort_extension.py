@@ -9,6 +9,7 @@ outer ones, then the one-launch sort, then AITER. Nothing here knows any model.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 from contextvars import ContextVar
@@ -69,9 +70,27 @@ def sort_extension(ext: SortExtension) -> Iterator[SortExtension]:
     token = _ACTIVE.set(_ACTIVE.get() + (ext,))
     try:
         yield ext
-    finally:
+    except BaseException:
         _ACTIVE.reset(token)
+        _close(ext, unwinding=True)
+        raise
+    _ACTIVE.reset(token)
+    _close(ext, unwinding=False)
+
+
+def _close(ext: SortExtension, unwinding: bool) -> None:
+    """``ext.close()``; its error is logged once and counted, and re-raised in strict mode unless
+    the scope is already unwinding with another exception (which must not be masked)."""
+    try:
         ext.close()
+    except Exception as exc:
+        from ..registry import counters
+
+        try:
+            counters(NAME).failed(exc, f"SortExtension '{ext.name}'.close")
+        except Exception:
+            if not unwinding:
+                raise
 
 
 def active() -> tuple[SortExtension, ...]:
@@ -148,9 +167,27 @@ def _validate_quant(ext: SortExtension, arguments: Mapping[str, Any], sorted_ids
         )
 
 
+def pin_defaults(site) -> dict[str, Any]:
+    """The matched pin's literal defaults (``False``, ``None``, numbers): what AITER fills in when not passed."""
+    defaults = {}
+    for p in site.pin.signature.params:
+        if p.default is None:
+            continue
+        try:
+            defaults[p.name] = ast.literal_eval(p.default)
+        except (ValueError, SyntaxError):
+            pass
+    return defaults
+
+
+def _has_after_sort(ext: SortExtension) -> bool:
+    return type(ext).after_sort is not SortExtension.after_sort
+
+
 def _sort_wrapper(inner, site):
     binder = site.binder
     counters = site.counters
+    defaults = pin_defaults(site)
 
     def _moe_sorting_impl(*args, **kwargs):
         moe_call.mark_sort_reached()
@@ -161,16 +198,24 @@ def _sort_wrapper(inner, site):
         if problems:
             counters.fallback(problems[0])
             return inner(*args, **kwargs)
-        call = SortCall(MappingProxyType(bound))
+        call = SortCall(MappingProxyType({**defaults, **bound}))
         out = None
         if bound.get("return_local_topk_ids") or bound.get("output_aux"):
             counters.fallback("return_local_topk_ids/output_aux: extensions are not offered calls with extra outputs")
         else:
             out = _ask(stack, call, counters)
         if out is None:
+            c = moe_call.current()
+            if c is not None and c.addend_offered and any(_has_after_sort(e) for e in stack):
+                # work that runs after the sort (it may compute the addend itself): moe_buf takes the
+                # addend after it, by copy, not inside the sort launch
+                c.addend_offered = False
             out = inner(*args, **kwargs)
         for ext in reversed(stack):
-            ext.after_sort(call, out)
+            try:
+                ext.after_sort(call, out)
+            except Exception as exc:
+                counters.failed(exc, f"SortExtension '{ext.name}'.after_sort")
         return out
 
     return moe_call.like(_moe_sorting_impl, inner)
@@ -180,9 +225,9 @@ def _ask(stack, call: SortCall, counters):
     for ext in reversed(stack):
         try:
             out = ext.sort(call)
-        except Exception as exc:
+        except Exception as exc:  # counted and logged once; the next in the chain is asked
             counters.failed(exc, f"SortExtension '{ext.name}'.sort")
-            return None
+            continue
         if out is None:
             continue
         validate_outputs(ext, call.arguments, out)

@@ -132,6 +132,107 @@ def test_expert_parallel_adds_after_once(stub, device):
     assert list(stats()["fallback"]) == ["expert_mask (EP): AITER's EP stage 2 may switch to reduce mode"]
 
 
+def test_a_sort_that_bypasses_moe_sorting_impl_adds_after_once(stub, device, monkeypatch):
+    """FlyDSL and flat sorts never reach _moe_sorting_impl: the addend is added after the call, once, counted."""
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, 6, 16, 4, 256, 128, "bf16")
+    addend = addend_for(args, scale=1000.0)
+    expected = fm.fused_moe(**args) + addend
+    unpatched_impl = fm._moe_sorting_impl
+    aiter_patches.apply([NAME, "moe_sort_mx_quant"])
+    original_sorting = fm.moe_sorting
+
+    def flydsl_like_sorting(*a, **k):
+        monkeypatch.setattr(fm, "_moe_sorting_impl", unpatched_impl)
+        try:
+            return original_sorting(*a, **k)
+        finally:
+            monkeypatch.setattr(fm, "_moe_sorting_impl", patched_impl)
+
+    patched_impl = fm._moe_sorting_impl
+    monkeypatch.setattr(fm, "moe_sorting", flydsl_like_sorting)
+    got = fm.fused_moe(**args, moe_addend=addend)
+    assert same_bits(got, expected)
+    assert stats()["fast"] == 0
+    assert list(stats()["fallback"]) == ["the sort did not run through _moe_sorting_impl (flat or FlyDSL sort)"]
+
+
+def test_an_output_other_than_moe_buf_gets_the_addend_once(stub, device, monkeypatch):
+    """A stage 2 that writes a fresh buffer (not the sort's moe_buf): the addend is added to what it returns."""
+    import aiter.fused_moe as fm
+
+    original = fm.fused_moe_2stages
+
+    def into_a_fresh_buffer(*a, **k):
+        a = list(a)
+        a[8] = torch.zeros_like(a[8])  # moe_buf
+        return original(*a, **k)
+
+    monkeypatch.setattr(fm, "fused_moe_2stages", into_a_fresh_buffer)
+    args = moe_inputs(stub, device, 6, 16, 4, 256, 128, "bf16")
+    addend = addend_for(args, scale=1000.0)
+    expected = fm.fused_moe(**args) + addend
+    aiter_patches.apply([NAME])
+    got = fm.fused_moe(**args, moe_addend=addend)
+    assert same_bits(got, expected)
+    assert stats()["fast"] == 0
+    assert list(stats()["fallback"]) == ["fused_moe returned another tensor than the sort's moe_buf"]
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(output_aux=True), "output_aux"),
+    (dict(return_local_topk_ids=True), "return_local_topk_ids"),
+    (dict(moebuf_dtype=torch.float32), "moe_buf dtype torch.float32 differs"),
+    (dict(model_dim=128), "moe_buf shape differs"),
+    (dict(accumulate=False), "accumulate=False"),
+    (dict(expert_mask=torch.ones(16, dtype=torch.int32)), "expert_mask (EP)"),
+])
+def test_every_fold_blocker_names_its_reason(change, reason):
+    from aiter_patches.patches.moe_addend_fold import fold_blocker
+
+    call = moe_call.MoeCall(hidden_states=None)
+    call.addend = torch.zeros(6, 256, dtype=torch.bfloat16)
+    bound = dict(topk_ids=torch.zeros(6, 4, dtype=torch.int32), model_dim=256, moebuf_dtype=torch.bfloat16,
+                 accumulate=True)
+    assert fold_blocker(bound, call) is None
+    assert reason in fold_blocker({**bound, **change}, call)
+
+
+def test_deferred_work_that_computes_the_addend_is_seen(stub, device):
+    """Work run right after the sort launch (DeferredWork) may produce the addend itself: the one-launch
+    sort must not read it before that work ran; the fold copies it afterwards instead."""
+    import aiter.fused_moe as fm
+    from aiter_patches.extensions.deferred_work import DeferredWork
+
+    args = moe_inputs(stub, device, 6, 16, 4, 256, 128, "bf16")
+    real = addend_for(args, scale=1000.0)
+    expected = reference_with_accumulator_start(fm, args, real)
+    aiter_patches.apply([NAME, "sort_extension", "moe_sort_mx_quant"])
+    shared = torch.zeros_like(real)
+    with aiter_patches.sort_extension(DeferredWork(lambda: shared.copy_(real))):
+        got = fm.fused_moe(**args, moe_addend=shared)
+    assert same_bits(got, expected)
+    assert stats()["fast"] == 1
+    assert stats("moe_sort_mx_quant")["fast"] >= 1
+
+
+def test_prefill_sizes_through_the_four_launch_sort(stub, device, monkeypatch):
+    """The multi-launch sort path writes the addend as moe_buf's fill too (thresholds lowered for the CPU)."""
+    import aiter.fused_moe as fm
+    from aiter_patches.kernels import moe_sort_mx_quant as kernel
+
+    monkeypatch.setattr(kernel, "ONE_LAUNCH_MAX_PAIRS", 16)
+    monkeypatch.setattr(kernel, "CHUNK_PAIRS", 32)
+    args = moe_inputs(stub, device, 37, 16, 4, 256, 128, "fp4", skew="hot")
+    addend = addend_for(args)
+    expected = reference_with_accumulator_start(fm, args, addend)
+    aiter_patches.apply([NAME, "moe_sort_mx_quant"])
+    got = fm.fused_moe(**args, moe_addend=addend)
+    assert same_bits(got, expected)
+    assert stats()["fast"] == 1 and stats("moe_sort_mx_quant")["fast"] >= 1
+
+
 def test_no_addend_is_exactly_the_original(stub, device):
     import aiter.fused_moe as fm
 
@@ -163,6 +264,7 @@ def test_fused_moe_with_addend_is_the_same_either_way(stub, device):
         (lambda a, x: x.float(), "moe_addend must have the output dtype"),
         (lambda a, x: a["hidden_states"], "must not share memory with hidden_states"),
         (lambda a, x: "nope", "moe_addend must be a torch.Tensor"),
+        (lambda a, x: torch.empty(x.shape, dtype=x.dtype, device="meta"), "moe_addend must be on"),
     ],
 )
 def test_misuse_is_a_value_error_naming_the_rule(stub, device, make_bad, rule):

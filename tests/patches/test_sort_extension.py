@@ -388,6 +388,81 @@ def test_raising_extension_reraises_in_strict_mode(stub, fm, device, aiter_sort,
     assert aiter_sort.calls == []
 
 
+def test_a_raising_extension_passes_the_call_to_the_next_one_out(stub, fm, device, aiter_sort):
+    ids, w = routing(5, E, TOPK, device)
+    outputs = sort(fm, ids, w)
+    aiter_sort.calls.clear()
+    aiter_patches.apply([NAME])
+    outer = Fixed(outputs, tag="outer")
+    with sort_extension(outer), sort_extension(Boom()):
+        got = sort(fm, ids, w)
+    assert got == tuple(outputs) and len(outer.asked) == 1 and aiter_sort.calls == []
+    assert stats()["fast"] == 1 and list(stats()["errors"]) == ["SortExtension 'Boom'.sort: RuntimeError"]
+
+
+class AfterBoom(SortExtension):
+    def after_sort(self, call, outputs):
+        raise RuntimeError("boom after the sort")
+
+    def close(self):
+        raise RuntimeError("boom at close")
+
+
+def test_after_sort_and_close_raising_are_counted_not_fatal(stub, fm, device, caplog):
+    ids, w = routing(5, E, TOPK, device)
+    expected = sort(fm, ids, w)
+    aiter_patches.apply([NAME])
+    with caplog.at_level(logging.WARNING, logger="aiter_patches"):
+        with sort_extension(AfterBoom()):
+            got = sort(fm, ids, w)
+            sort(fm, ids, w)
+    assert defined_equal(got, expected)
+    assert stats()["errors"] == {"SortExtension 'AfterBoom'.after_sort: RuntimeError": 2,
+                                 "SortExtension 'AfterBoom'.close: RuntimeError": 1}
+    assert sum("AfterBoom" in r.getMessage() for r in caplog.records) == 2  # once per place
+
+
+def test_after_sort_and_close_raising_reraise_in_strict_mode(stub, fm, device):
+    ids, w = routing(5, E, TOPK, device)
+    aiter_patches.apply([NAME], strict=True)
+    with pytest.raises(RuntimeError, match="boom after the sort"):
+        with sort_extension(AfterBoom()):
+            sort(fm, ids, w)
+    with pytest.raises(RuntimeError, match="boom at close"):
+        with sort_extension(AfterBoom()):
+            pass
+
+
+def test_call_arguments_hold_every_parameter_and_are_read_only(stub, fm, device):
+    import inspect
+
+    seen = []
+
+    class Look(SortExtension):
+        def sort(self, call):
+            seen.append(call.arguments)
+
+    ids, w = routing(5, E, TOPK, device)
+    params = set(inspect.signature(fm._moe_sorting_impl).parameters)  # the stand-in's, unpatched
+    aiter_patches.apply([NAME])
+    with sort_extension(Look()):
+        sort(fm, ids, w)
+    assert set(seen[0]) == params
+    assert seen[0]["output_aux"] is False
+    with pytest.raises(TypeError):
+        seen[0]["topk_ids"] = None
+
+
+def test_outputs_on_another_device_raise_naming_the_tensor(stub, fm, device):
+    ids, w = routing(5, E, TOPK, device)
+    outputs = list(sort(fm, ids, w))
+    outputs[1] = torch.empty(outputs[1].shape, dtype=outputs[1].dtype, device="meta")
+    aiter_patches.apply([NAME])
+    with sort_extension(Fixed(tuple(outputs), tag="elsewhere")):
+        with pytest.raises(SortExtensionError, match="sorted_weights .* on meta"):
+            sort(fm, ids, w)
+
+
 def _quant_for(fm, x, outputs):
     return fm.fused_dynamic_mxfp4_quant_moe_sort(x, sorted_ids=outputs[0], num_valid_ids=outputs[3],
                                                  token_num=x.shape[0], topk=TOPK, block_size=BLOCK,
