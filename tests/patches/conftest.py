@@ -34,3 +34,19 @@ def routing(M, E, topk, device, seed=0, skew=None):
         ids[:, 1:] = (torch.arange(1, topk) + torch.arange(M)[:, None]) % (E - 1) + 1
     w = torch.rand(M, topk, generator=g).softmax(dim=1)
     return ids.to(torch.int32).to(device), w.to(torch.float32).to(device)
+
+
+def sort_bypassing_patches(fm, unpatched_impl):
+    """A ``moe_sorting`` that sorts without passing the patched ``_moe_sorting_impl``, as AITER's
+    FlyDSL and flat sorts do. ``unpatched_impl``: the stand-in's own, taken before ``apply()``."""
+    sorting = fm.moe_sorting
+
+    def bypassing(*a, **k):
+        patched_impl = fm._moe_sorting_impl
+        fm._moe_sorting_impl = unpatched_impl
+        try:
+            return sorting(*a, **k)
+        finally:
+            fm._moe_sorting_impl = patched_impl
+
+    return bypassing

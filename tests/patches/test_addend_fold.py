@@ -10,6 +10,7 @@ from aiter_patches import fused_moe_with_addend
 from aiter_patches.patches import moe_call
 from aiter_patches.verify import suspended
 
+from .conftest import sort_bypassing_patches
 from .test_moe_sort_mx_quant_patch import moe_inputs, same_bits
 
 NAME = "moe_addend_fold"
@@ -141,17 +142,7 @@ def test_a_sort_that_bypasses_moe_sorting_impl_adds_after_once(stub, device, mon
     expected = fm.fused_moe(**args) + addend
     unpatched_impl = fm._moe_sorting_impl
     aiter_patches.apply([NAME, "moe_sort_mx_quant"])
-    original_sorting = fm.moe_sorting
-
-    def flydsl_like_sorting(*a, **k):
-        monkeypatch.setattr(fm, "_moe_sorting_impl", unpatched_impl)
-        try:
-            return original_sorting(*a, **k)
-        finally:
-            monkeypatch.setattr(fm, "_moe_sorting_impl", patched_impl)
-
-    patched_impl = fm._moe_sorting_impl
-    monkeypatch.setattr(fm, "moe_sorting", flydsl_like_sorting)
+    monkeypatch.setattr(fm, "moe_sorting", sort_bypassing_patches(fm, unpatched_impl))
     got = fm.fused_moe(**args, moe_addend=addend)
     assert same_bits(got, expected)
     assert stats()["fast"] == 0

@@ -12,7 +12,7 @@ from aiter_patches.reference.moe_sorting import defined_sort_region
 from aiter_patches.reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
 from aiter_patches.verify import suspended
 
-from .conftest import routing
+from .conftest import routing, sort_bypassing_patches
 
 NAME = "moe_sort_mx_quant"
 
@@ -245,16 +245,7 @@ def test_a_sort_that_bypasses_moe_sorting_impl_is_counted(stub, device, monkeypa
     expected = fm.fused_moe(**args)
     unpatched_impl = fm._moe_sorting_impl
     aiter_patches.apply([NAME])
-    original_sorting = fm.moe_sorting
-
-    def flydsl_like_sorting(*a, **k):
-        monkeypatch.setattr(fm, "_moe_sorting_impl", unpatched_impl)
-        try:
-            return original_sorting(*a, **k)
-        finally:
-            monkeypatch.undo()
-
-    monkeypatch.setattr(fm, "moe_sorting", flydsl_like_sorting)
+    monkeypatch.setattr(fm, "moe_sorting", sort_bypassing_patches(fm, unpatched_impl))
     got = fm.fused_moe(**args)
     assert same_bits(got, expected)
     assert stats()["fast"] == 0
