@@ -11,7 +11,7 @@ must hand in zeros; with split 1 the kernel overwrites `out`.
 It mirrors AITER's launcher step by step, in pure functions testable on any CPU:
 the kernel list (`fp8gemm_bf16_blockscale.csv`), the tile/split choice, the split
 alignment check, the 16-byte-slot argument struct and the grid. Only `AsmLauncher`
-and `gemm_a8w8_blockscale_asm` touch the GPU; they need ROCm on gfx942/gfx950 and an
+and `launch_planned` touch the GPU; they need ROCm on gfx942/gfx950 and an
 AITER tree with `hsa/<gfx>/fp8gemm_blockscale/`. They cannot run on the CUDA/CPU
 machines this project is developed on: only the pure parts are tested here.
 
@@ -31,6 +31,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -320,6 +321,26 @@ def _get_launcher() -> AsmLauncher:
     return _launcher
 
 
+class LaunchPlan(NamedTuple):
+    cfg: AsmKernel
+    split: int
+    gfx: str
+
+
+def plan_launch(A: torch.Tensor, B: torch.Tensor, *, aiter_root: str, splitK: int | None = None,
+                kernelName: str | None = None, bpreshuffle: bool = True, cu_num: int | None = None) -> LaunchPlan:
+    """The kernel and split AITER's launcher would pick for these operands (its checks raise ValueError).
+
+    The caller has checked `available` and `unsupported_reason`; the plan is then launched with
+    `launch_planned`, so a call is checked and planned once.
+    """
+    gfx = gfx_of(A.device)
+    kernels = load_kernel_list(aiter_root, gfx)
+    cu_num = cu_num or torch.cuda.get_device_properties(A.device).multi_processor_count
+    cfg, split = select_kernel(A.shape[0], B.shape[0], A.shape[1], kernels, cu_num, splitK, kernelName, bpreshuffle)
+    return LaunchPlan(cfg, split, gfx)
+
+
 def gemm_a8w8_blockscale_asm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale: torch.Tensor,
                              B_scale: torch.Tensor, *, aiter_root: str, bias: torch.Tensor | None = None,
                              splitK: int | None = None, kernelName: str | None = None, bpreshuffle: bool = True,
@@ -334,12 +355,18 @@ def gemm_a8w8_blockscale_asm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor
     bad = unsupported_reason(A, B, out, A_scale, B_scale)
     if bad is not None:
         raise ValueError(bad)
-    M, K = A.shape
+    plan = plan_launch(A, B, aiter_root=aiter_root, splitK=splitK, kernelName=kernelName, bpreshuffle=bpreshuffle,
+                       cu_num=cu_num)
+    return launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=aiter_root, bias=bias)
+
+
+def launch_planned(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale: torch.Tensor,
+                   B_scale: torch.Tensor, plan: LaunchPlan, *, aiter_root: str,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch a `plan_launch` plan on the current stream, with no memset."""
+    cfg, split, gfx = plan
+    M = A.shape[0]
     N = out.shape[1]
-    gfx = gfx_of(A.device)
-    kernels = load_kernel_list(aiter_root, gfx)
-    cu_num = cu_num or torch.cuda.get_device_properties(A.device).multi_processor_count
-    cfg, split = select_kernel(M, N, K, kernels, cu_num, splitK, kernelName, bpreshuffle)
     if bias is None:
         key = (A.device.index, N)
         bias = _zero_bias.get(key)

@@ -103,17 +103,11 @@ def _plan(bound: dict):
     reason = hip.available(A.device, root)
     if reason is not None:
         return f"AITER's .co cannot be launched here: {reason}"
-    kernels = hip.load_kernel_list(root, hip.gfx_of(A.device))
-    import torch
-
-    cu = torch.cuda.get_device_properties(A.device).multi_processor_count
-    _, split = hip.select_kernel(A.shape[0], B.shape[0], A.shape[1], kernels, cu, splitK,
-                                 bound.get("kernelName"), bpreshuffle)
-    if split <= 1:
+    plan = hip.plan_launch(A, B, aiter_root=root, splitK=splitK, kernelName=bound.get("kernelName"),
+                           bpreshuffle=bpreshuffle)
+    if plan.split <= 1:
         return "split count 1: the original launches no memset"
-    return lambda: hip.gemm_a8w8_blockscale_asm(A, B, out, A_scale, B_scale, aiter_root=root, splitK=splitK,
-                                                kernelName=bound.get("kernelName"), bpreshuffle=bpreshuffle,
-                                                cu_num=cu)
+    return lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root)
 
 
 

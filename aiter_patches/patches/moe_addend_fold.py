@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from ..registry import Patch, Target
-from . import moe_call, pins, relied_on
+from . import moe_call, pins, relied_on, sort_extension
 from .moe_call import ADD_AFTER, FOLDED, PENDING
 
 NAME = "moe_addend_fold"
@@ -129,7 +129,8 @@ def _sort_wrapper(inner, site):
             call.addend_state = ADD_AFTER
             counters.fallback(blocker)
             return inner(*args, **kwargs)
-        call.addend_offered, call.addend_written_by_sort = True, False
+        # an extension's after-sort work may produce the addend: then it is copied in after that work
+        call.addend_offered, call.addend_written_by_sort = not sort_extension.work_after_sort(), False
         try:
             out = inner(*args, **kwargs)
         finally:

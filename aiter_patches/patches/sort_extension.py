@@ -180,8 +180,9 @@ def pin_defaults(site) -> dict[str, Any]:
     return defaults
 
 
-def _has_after_sort(ext: SortExtension) -> bool:
-    return type(ext).after_sort is not SortExtension.after_sort
+def work_after_sort() -> bool:
+    """Whether an active extension runs work right after the sort (which may produce what the sort reads)."""
+    return any(type(e).after_sort is not SortExtension.after_sort for e in _ACTIVE.get())
 
 
 def _sort_wrapper(inner, site):
@@ -205,11 +206,6 @@ def _sort_wrapper(inner, site):
         else:
             out = _ask(stack, call, counters)
         if out is None:
-            c = moe_call.current()
-            if c is not None and c.addend_offered and any(_has_after_sort(e) for e in stack):
-                # work that runs after the sort (it may compute the addend itself): moe_buf takes the
-                # addend after it, by copy, not inside the sort launch
-                c.addend_offered = False
             out = inner(*args, **kwargs)
         for ext in reversed(stack):
             try:

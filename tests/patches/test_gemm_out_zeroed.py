@@ -308,6 +308,44 @@ def test_real_aiter_branch_gates_operands_before_the_launch(stub, device, monkey
     assert stats()["fast"] == 0 and stats()["errors"] == {}
 
 
+def test_real_aiter_branch_plans_once_and_launches_without_memset(stub, device, monkeypatch):
+    """The ROCm branch with the HIP runtime faked: one kernel choice per call, one launch, no memset."""
+    from aiter_patches.kernels import hip_blockscale_asm as hb
+
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=3)
+    as_aiter_passes_it = A_scale.t().contiguous().view(M, K // 128)
+    kernel = hb.AsmKernel(32, 128, 1, 1, "knl", "k.co")
+    launched, chosen = [], []
+
+    class FakeLauncher:
+        def function(self, *a):
+            return "fn"
+
+        def launch(self, fn, grid, args, stream):
+            launched.append(grid)
+
+    def select(*a):
+        chosen.append(a)
+        return kernel, 2
+
+    monkeypatch.setattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    monkeypatch.setattr(hb, "available", lambda device, root: None)
+    monkeypatch.setattr(hb, "gfx_of", lambda device: "gfx942")
+    monkeypatch.setattr(hb, "load_kernel_list", lambda root, gfx: [kernel])
+    monkeypatch.setattr(hb, "select_kernel", select)
+    monkeypatch.setattr(hb, "_get_launcher", lambda: FakeLauncher())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=80))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    out = nan_out(M, N, device)  # untouched: the fake launch writes nothing, and no memset ran
+    aiter_patches.apply([NAME])
+    assert gemm(A, Bs, out, as_aiter_passes_it, B_scale, splitK=2, out_zeroed=True) is out
+    assert stats()["fast"] == 1 and stats()["fallback"] == {}, stats()
+    assert len(chosen) == 1 and launched == [hb.launch_grid(M, N, 32, 128, 2)]
+    assert out.isnan().all()
+
+
 def test_bias_goes_to_the_original(stub, gemm_op, device):
     M, N, K = 7, 128, 512
     A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=6)

@@ -43,6 +43,16 @@ def moe_inputs(aiter, device, M, E, topk, dim, inter, quant, seed=0, skew=None):
     return args
 
 
+def assert_same_sort_and_zeroed_buf(s0, s1, block):
+    """Sort outputs equal over the region AITER defines; moe_buf all zeros."""
+    assert torch.equal(s0[3], s1[3])
+    n_ids, n_blocks = defined_sort_region(s0[3].cpu(), block)
+    assert torch.equal(s0[0][:n_ids], s1[0][:n_ids])
+    assert torch.equal(s0[1][:n_ids].view(torch.int32), s1[1][:n_ids].view(torch.int32))
+    assert torch.equal(s0[2][:n_blocks], s1[2][:n_blocks])
+    assert torch.equal(s1[4], torch.zeros_like(s1[4]))
+
+
 def same_bits(a, b):
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
@@ -107,12 +117,7 @@ def test_sort_outputs_and_quant_bytes_match_over_the_defined_region(stub, device
     aiter_patches.apply([NAME])
     s1, q1 = run()
     assert stats()["fast"] == 2
-    assert torch.equal(s0[3], s1[3])
-    n_ids, n_blocks = defined_sort_region(s0[3].cpu(), block)
-    assert torch.equal(s0[0][:n_ids], s1[0][:n_ids])
-    assert torch.equal(s0[1][:n_ids].view(torch.int32), s1[1][:n_ids].view(torch.int32))
-    assert torch.equal(s0[2][:n_blocks], s1[2][:n_blocks])
-    assert torch.equal(s1[4], torch.zeros_like(s1[4]))
+    assert_same_sort_and_zeroed_buf(s0, s1, block)
     ref = mx_quant_moe_sort_reference(x.cpu(), s0[0].cpu(), s0[3].cpu(), s0[1].cpu(), M, stub.dtypes.fp4x2,
                                       fused=stage1_uses_fused_quant(M, topk))
     rows, sd = ref.data_defined, ref.scale_defined
@@ -406,12 +411,7 @@ def test_full_size_sort_and_quant_bitwise(stub, M, E, topk, dim):
         before = stats()["fast"]
         s1, q1 = run()
         assert stats()["fast"] == before + 2, stats()
-        assert torch.equal(s0[3], s1[3])
-        n_ids, n_blocks = defined_sort_region(s0[3].cpu(), block)
-        assert torch.equal(s0[0][:n_ids], s1[0][:n_ids])
-        assert torch.equal(s0[1][:n_ids].view(torch.int32), s1[1][:n_ids].view(torch.int32))
-        assert torch.equal(s0[2][:n_blocks], s1[2][:n_blocks])
-        assert torch.equal(s1[4], torch.zeros_like(s1[4]))
+        assert_same_sort_and_zeroed_buf(s0, s1, block)
         ref = mx_quant_moe_sort_reference(x.cpu(), s0[0].cpu(), s0[3].cpu(), s0[1].cpu(), M, qd,
                                           fused=stage1_uses_fused_quant(M, topk))
         rows, sd = ref.data_defined.to(dev), ref.scale_defined.to(dev)
