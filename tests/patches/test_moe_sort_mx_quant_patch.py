@@ -80,6 +80,46 @@ def test_fused_moe_patched_equals_unpatched(stub, device, M, E, topk, quant, ske
     assert stats()["fast"] == hits, stats()
 
 
+class _Watching(aiter_patches.SortExtension):
+    """Declines every sort and watches it: the chain after it decides."""
+
+    def after_sort(self, call, outputs):
+        pass
+
+
+def _outcome(fn):
+    try:
+        out = fn()
+    except Exception as exc:  # noqa: BLE001 - compared between patched and unpatched
+        return type(exc), str(exc)
+    return out.shape, out.dtype
+
+
+@pytest.mark.parametrize("mode", ["plain", "addend", "extension"])
+@pytest.mark.parametrize("quant", ["fp4", "fp8", "bf16"])
+def test_zero_tokens_have_the_originals_outcome(stub, device, quant, mode):
+    """Issue 14.10: with 0 tokens AITER's MX quant launcher fails (it divides by token_num); the
+    patch handed back an empty quant and failed later with another exception type."""
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, 0, 8, 2, 256, 128, quant)
+
+    def call():
+        if mode == "addend":
+            addend = torch.zeros(0, 256, dtype=torch.bfloat16, device=device)
+            return aiter_patches.fused_moe_with_addend(addend, **args)
+        if mode == "extension":
+            with aiter_patches.sort_extension(_Watching()):
+                return fm.fused_moe(**args)
+        return fm.fused_moe(**args)
+
+    expected = _outcome(call)
+    aiter_patches.apply()
+    assert _outcome(call) == expected
+    if quant != "bf16":
+        assert stats()["fallback"] == {"stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)": 1}
+
+
 def test_num_local_tokens_and_zero_weights(stub, device):
     import aiter.fused_moe as fm
 
