@@ -120,6 +120,30 @@ def test_zero_tokens_have_the_originals_outcome(stub, device, quant, mode):
         assert stats()["fallback"] == {"stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)": 1}
 
 
+@pytest.mark.parametrize("special", ["nan", "inf"])
+@pytest.mark.parametrize("quant,fp8", [("fp8", torch.float8_e4m3fn), ("fp8", torch.float8_e4m3fnuz),
+                                       ("fp4", None)], ids=["mxfp8-gfx950", "mxfp8-gfx942", "mxfp4"])
+def test_non_finite_activation_rows_equal_unpatched(stub, device, monkeypatch, quant, fp8, special):
+    """Issue 14.3: a NaN element was 0x7E in the stand-in, 0x7F in the kernel; the whole output
+    row differed and stayed finite, so nothing flagged it. Both now write AITER's -max_pos."""
+    import aiter.fused_moe as fm
+
+    if fp8 is not None:
+        monkeypatch.setattr(stub.dtypes, "fp8", fp8)  # the chip the stand-in emulates
+    args = moe_inputs(stub, device, 4, 8, 2, 256, 128, quant, seed=8)
+    x = args["hidden_states"].clone()
+    value = float(special)
+    x[1, 5], x[2, 40] = value, -value  # a NaN (or +-Inf: a group with scale 0xFF) among finite values
+    args["hidden_states"] = x
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    got = fm.fused_moe(**args)
+    assert stats()["fast"] == 2, stats()
+    assert same_bits(got, expected)
+    if special == "nan":
+        assert torch.isfinite(expected.float()).all()  # a wrong NaN byte would not show as NaN
+
+
 def test_num_local_tokens_and_zero_weights(stub, device):
     import aiter.fused_moe as fm
 
@@ -132,6 +156,37 @@ def test_num_local_tokens_and_zero_weights(stub, device):
     got = fm.fused_moe(**args)
     assert same_bits(got[:6], expected[:6])  # rows past num_local_tokens are never written by AITER
     assert stats()["fast"] == 2
+
+
+@pytest.mark.parametrize("nlt", [-3, 0, 9, 100])
+def test_num_local_tokens_outside_the_batch_as_aiter(stub, device, nlt):
+    """Issue 14.9: AITER's kernel writes ``num_local_tokens[0]`` as given into ``num_valid_ids[1]``
+    and the padding ids (moe_sorting_opus.h); the patched sort clamped it to [0, M]."""
+    import aiter.fused_moe as fm
+
+    M, E, topk, dim, block = 9, 16, 4, 256, 32
+    args = moe_inputs(stub, device, M, E, topk, dim, 128, "fp4", seed=6)
+    args["num_local_tokens"] = torch.tensor([nlt], dtype=torch.int32, device=device)
+    ids, w = args["topk_ids"], args["topk_weight"]
+
+    def sort():
+        return fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block,
+                              num_local_tokens=args["num_local_tokens"])
+
+    s0 = sort()
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    s1 = sort()
+    got = fm.fused_moe(**args)
+    assert s1[3].tolist() == s0[3].tolist() and int(s0[3][1]) == nlt
+    rows = min(max(nlt, 0), M)
+    n_ids, n_blocks = defined_sort_region(s0[3].cpu(), block)
+    assert torch.equal(s0[0][:n_ids], s1[0][:n_ids])
+    assert torch.equal(s0[1][:n_ids].view(torch.int32), s1[1][:n_ids].view(torch.int32))
+    assert torch.equal(s0[2][:n_blocks], s1[2][:n_blocks])
+    assert torch.equal(s1[4][:rows], torch.zeros_like(s1[4][:rows]))
+    assert same_bits(got[:rows], expected[:rows])  # rows past num_local_tokens are never written by AITER
+    assert stats()["fast"] >= 2 and stats()["fallback"] == {}
 
 
 def test_sort_outputs_and_quant_bytes_match_over_the_defined_region(stub, device):
