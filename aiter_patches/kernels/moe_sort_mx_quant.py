@@ -18,9 +18,10 @@ that moves each token's compact scale row to its sorted rows in whole 32-row til
 swizzled layout (one-byte scattered stores from every token were the prefill's bottleneck).
 
 Semantics are those of ``aiter_patches.reference.moe_sorting`` and ``...reference.mx_quant``
-(out-of-range expert ids dropped, ``num_local_tokens`` read on the device, clamped to
-``[0, M]`` for routing and zeroing, written as given to ``num_valid_ids[1]`` and the padding ids). ``moe_buf`` rows ``< T`` are zeroed (or take ``moe_buf_init``'s rows), rows past
-``T`` are untouched. Quant semantics (``quant_semantics``): "fused" = AITER's fused stage-1
+(out-of-range expert ids dropped; ``num_local_tokens`` read on the device, clamped to
+``[0, M]`` for routing and zeroing, written as given to ``num_valid_ids[1]`` and the padding
+ids). ``moe_buf`` rows ``< T`` are zeroed (or take ``moe_buf_init``'s rows), rows past ``T``
+are untouched. Quant semantics (``quant_semantics``): "fused" = AITER's fused stage-1
 kernel (zero-weight pairs get scale 0 and, when all of a token's pairs have weight 0, a zero
 data row; with ``T < M`` the padding rows get scale 0 and data row ``T`` is zeroed), "split" =
 AITER's split path (every real pair gets its token's scales); "auto" picks like AITER does
@@ -330,7 +331,8 @@ def _sort_quant_kernel(
     jj = tl.arange(0, BLOCK)
     pad_live = (keep_q & (rank == cnt_q - 1))[:, None] & (jj[None, :] < fill[:, None])
     pad_pos = pos[:, None] + 1 + jj[None, :]
-    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, BLOCK], K << 24, tl.int32) | (_token_count_as_given(nlt_ptr, M, HAS_NLT) & 0xFFFFFF), mask=pad_live & mine[:, None])
+    pad_id = (K << 24) | (_token_count_as_given(nlt_ptr, M, HAS_NLT) & 0xFFFFFF)
+    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, BLOCK], 0, tl.int32) | pad_id, mask=pad_live & mine[:, None])
     tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, BLOCK], tl.float32), mask=pad_live & mine[:, None])
 
     if QUANT:

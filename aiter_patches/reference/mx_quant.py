@@ -51,7 +51,7 @@ class MxFormat(NamedTuple):
     mant_bits: int
     min_exp: int  # unbiased exponent of the smallest normal
     max_code: int  # magnitude code of the largest finite value
-    nan_code: int | None  # full byte of a non-finite element (NaN, or +-Inf under an Inf scale); None: saturate, sign kept
+    nan_code: int | None  # byte of a non-finite element (NaN; +-Inf); None: saturate, sign kept
     neg_zero: bool  # whether a negative zero keeps its sign bit
     sign_shift: int
     inv_max_pos_bits: int  # fp32 bits of 1 / max_pos, as AITER's constant
