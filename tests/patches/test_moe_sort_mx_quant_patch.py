@@ -196,7 +196,7 @@ def test_sort_outputs_and_quant_bytes_match_over_the_defined_region(stub, device
     M, E, topk, dim, block = 6, 16, 4, 512, 32
     ids, w = routing(M, E, topk, device, seed=2)
     x = (torch.randn(M, dim, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16).to(device)
-    x[1, :32] = float("nan")  # an all-NaN group: the floor scale (fmaxf skips NaN), every byte -max (fp8) / 0x7 (fp4)
+    x[1, :32] = float("nan")  # an all-NaN group: the floor scale (fmaxf skips NaN), fp4 codes +-6 by the NaN sign
     x[2, 32:64] = 1e-40  # denormals
 
     def run():
