@@ -79,7 +79,7 @@ class CodeObject:
     def kernel(self, name: str) -> KernelMetadata | None:
         """The kernel whose `.name` (or `.symbol` without `.kd`) is `name`."""
         for k in self.kernels:
-            if name in (k.name, (k.symbol or "").removesuffix(".kd")):
+            if name and name in (k.name, (k.symbol or "").removesuffix(".kd")):
                 return k
         return None
 

@@ -71,6 +71,7 @@ KERNEL_ARGS = _kernel_args(("C", "A", "B", "SA", "SB", "BIAS"),
 ARGS_SIZE = ARG_SLOT * len(KERNEL_ARGS)
 LAUNCH_LAYOUT = code_object.LaunchLayout(KERNEL_ARGS, ARGS_SIZE, WAVEFRONT_SIZE, (BLOCK_THREADS, 1, 1))
 _STRUCT_FORMAT = {"global_buffer": "<Q", "by_value": "<I"}
+_ARG_NAMES = frozenset(a.name for a in KERNEL_ARGS)
 
 HIP_LAUNCH_PARAM_BUFFER_POINTER = 0x01
 HIP_LAUNCH_PARAM_BUFFER_SIZE = 0x02
@@ -207,10 +208,9 @@ def launch_grid(M: int, N: int, tile_m: int, tile_n: int, split: int) -> tuple[i
 
 def pack_kernel_args(values: Mapping[str, int]) -> bytes:
     """AITER's packed `KernelArgs` from {argument name: value}: each field in its slot of `KERNEL_ARGS`, padding zeroed."""
-    names = {a.name for a in KERNEL_ARGS}
-    if set(values) != names:
-        raise ValueError(f"kernel arguments: missing {sorted(names - set(values))}, "
-                         f"unknown {sorted(set(values) - names)}")
+    if values.keys() != _ARG_NAMES:
+        raise ValueError(f"kernel arguments: missing {sorted(_ARG_NAMES - set(values))}, "
+                         f"unknown {sorted(set(values) - _ARG_NAMES)}")
     buf = bytearray(ARGS_SIZE)
     for a in KERNEL_ARGS:
         struct.pack_into(_STRUCT_FORMAT[a.value_kind], buf, a.offset, values[a.name])
