@@ -108,7 +108,7 @@ def sort_table(rows, floor, with_aiter) -> list[str]:
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         chain = r.get("aiter_chain")
-        ratio = f"{chain / r['patched']:.2f}x" if chain else ("not measured" if not with_aiter
+        ratio = f"{chain / r['patched']:.2f}x" if chain and r["patched"] else ("not measured" if not with_aiter
                                                              else r.get("aiter_error", "n/a"))
         out.append(f"| {r['E']} | {r['K']} | {r['N']} | {r['M']} | {fmt(r['patched'])} | {fmt(r.get('aiter_sort'))} "
                    f"| {fmt(r.get('aiter_quant'))} | {fmt(chain)} | {ratio} |")
@@ -268,7 +268,11 @@ def main(argv=None) -> int:
     if do_sort:
         rows = []
         for E, K, N, M in sort_rows(args.quick):
-            rows.append(bench_sort(E, K, N, M, modules[:2] if modules else None))
+            try:
+                rows.append(bench_sort(E, K, N, M, modules[:2] if modules else None))
+            except Exception as exc:  # noqa: BLE001 - one failing row is reported; the others still run
+                rows.append(dict(E=E, K=K, N=N, M=M, patched=None, aiter_error=f"patched failed: {err_text(exc)}"))
+                status = 1
             r = rows[-1]
             print(f"sort E={E} K={K} N={N} M={M}: patched {fmt(r['patched'])} AITER {fmt(r.get('aiter_chain'))} "
                   f"{r.get('aiter_error', '')}", flush=True)
@@ -298,7 +302,11 @@ def main(argv=None) -> int:
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             rows = []
             for M, N, K in gemm_rows(args.quick):
-                rows.append(bench_gemm(M, N, K, (original, patched), sms, kernels, aiter.dtypes.fp8))
+                try:
+                    rows.append(bench_gemm(M, N, K, (original, patched), sms, kernels, aiter.dtypes.fp8))
+                except Exception as exc:  # noqa: BLE001
+                    rows.append(dict(M=M, N=N, K=K, split="?", note=f"failed: {err_text(exc)}"))
+                    status = 1
                 r = rows[-1]
                 print(f"gemm M={M} N={N} K={K} split={r['split']}: AITER {fmt(r.get('aiter'))} "
                       f"patched {fmt(r.get('patched'))} {r.get('note', '')}", flush=True)

@@ -229,3 +229,16 @@ def test_check_code_objects_script(aiter_root, tmp_path, capsys):
     assert cc.main(["--root", str(bad), "--arch", "gfx942"]) == 1
     assert "REFUSED: fp8gemm_bf16_blockscale_BpreShuffle_64x128.co: not an ELF file" in capsys.readouterr().out
     assert cc.main(["--root", str(tmp_path / "none"), "--arch", "gfx942"]) == 2
+
+
+def test_bench_tables_on_fake_rows():
+    bv = load("bench/bench_vs_aiter_rocm.py")
+    sort = bv.sort_table([dict(E=256, K=8, N=7168, M=1, patched=4.0, aiter_sort=7.0, aiter_quant=4.0, aiter_chain=11.0),
+                          dict(E=256, K=8, N=7168, M=2, patched=None, aiter_error="patched failed: X")],
+                         2.5, True)
+    assert "| 256 | 8 | 7168 | 1 | 4.00 | 7.00 | 4.00 | 11.00 | 2.75x |" in sort
+    assert "| 256 | 8 | 7168 | 2 | n/a | n/a | n/a | n/a | patched failed: X |" in sort
+    gemm = bv.gemm_table([dict(M=7, N=7168, K=2048, split=4, aiter=12.0, patched=10.5, memset=1.2, rel_diff=3e-3),
+                          dict(M=1, N=7168, K=2048, split=1, aiter=8.0, note="split 1: AITER launches no memset")])
+    assert "| 7 | 7168 | 2048 | 4 | 12.00 | 10.50 | 1.50 | 1.20 | 0.88 | 3.0e-03 |  |" in gemm
+    assert "| 1 | 7168 | 2048 | 1 | 8.00 | n/a | n/a | n/a | n/a | n/a | split 1: AITER launches no memset |" in gemm
