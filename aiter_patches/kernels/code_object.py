@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple
 
 ELF_MAGIC = b"\x7fELF"
 ELFCLASS64 = 2
@@ -252,7 +252,3 @@ def _shown(v: int | None) -> str:
 def _overlap(a: KernelArg, b: KernelArg) -> bool:
     return a.offset < b.offset + b.size and b.offset < a.offset + a.size
 
-
-def describe(args: Sequence[KernelArg]) -> str:
-    """`name@offset:size` of each non-pad argument, for logs and reports."""
-    return ", ".join(f"{a.name}@{a.offset}:{a.size}" for a in args if a.name != PAD_NAME)
