@@ -72,18 +72,18 @@ def log_if_changed() -> None:
 
 
 def log_after_fork() -> None:
-    """In a forked child that inherited applied or pending patches: its own summary (its pid differs)."""
+    """In a forked child that inherited applied or pending patches: its own summary (its pid differs).
+
+    The registry's own fork handler, registered before this one, has already
+    given the child fresh locks, so this never waits on a thread of the parent.
+    """
     from . import registry
 
-    if not registry._lock.acquire(blocking=False):  # held by a thread that did not survive the fork
-        return
     try:
         if any(p["state"] in ("applied", "pending") for p in registry.status()["patches"]):
             log_if_changed()
     except Exception:  # never in the way of a fork
         log.debug("aiter_patches: could not write the summary after fork", exc_info=True)
-    finally:
-        registry._lock.release()
 
 
 def _hooks_about_to_run(registry) -> bool:
