@@ -109,3 +109,70 @@ def test_status_from_log_cli(tmp_path, fresh_report, monkeypatch):
     assert none.returncode == 1 and "no 'aiter_patches status:' lines" in none.stderr
     missing = _status_from_log(str(tmp_path / "missing.log"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def _status(pid, state="applied", **extra):
+    return process_report.MARKER + json.dumps({"pid": pid, "patches": [{"name": "p", "state": state}], **extra})
+
+
+@pytest.mark.parametrize("cut", [5, 19, 30, -2])
+def test_a_cut_status_line_followed_on_the_same_line_by_another_loses_neither(cut):
+    first = _status(21, reason_text="x" * 40, title="a title")
+    log = [
+        "INFO " + first,
+        "INFO " + first[:cut] + "INFO " + _status(22, "pending"),  # 21's second line cut short, then 22's whole line
+        "INFO " + _status(23) + " INFO " + _status(24),  # two whole lines run together
+    ]
+    got = {r["pid"]: r["patches"][0]["state"] for r in process_report.read_log(log)}
+    assert got == {21: "applied", 22: "pending", 23: "applied", 24: "applied"}
+
+
+def test_a_record_that_swallows_the_next_marker_is_not_taken():
+    swallowing = process_report.MARKER + '{"pid": 31, "patches": [], "title": "cut ' + _status(32) + '"}'
+    got = [r["pid"] for r in process_report.read_log([swallowing])]
+    assert got == [32]
+
+
+def test_status_and_summary_lines_stay_under_the_atomic_pipe_write(fresh_report, caplog, monkeypatch):
+    record = process_report.status_record()
+    many = [f"sglang.srt.layers.moe.module_{i:03d}.fused_moe" for i in range(120)]
+    for p in record["patches"]:
+        p["state"], p["reason"] = "applied", "signature drifted (" + "missing parameter 'x'; " * 40 + ")"
+        p["targets"] = [{"location": "aiter.fused_moe.fused_moe", "pin": "v0.1.20", "aliases": many}]
+    record["aiter"]["imported"] = True
+    monkeypatch.setattr(process_report, "status_record", lambda: record)
+    with caplog.at_level(logging.INFO, logger="aiter_patches"):
+        process_report.log_if_changed()
+    written = [r.getMessage() for r in caplog.records]
+    assert len(written) == 2
+    for line in written:
+        assert len(("INFO " + line + "\n").encode()) <= 4096 - 512, len(line)
+    (back,) = process_report.read_log(written)
+    assert back["condensed"] is True and back["pid"] == record["pid"]
+    assert [(p["name"], p["state"]) for p in back["patches"]] == [(p["name"], p["state"]) for p in record["patches"]]
+    assert "more)" in written[0], "the summary says how many aliases it left out"
+
+
+ODD_SHAPES = {
+    "patches null": {"patches": None},
+    "patches {}": {"patches": {}},
+    "patches [{}]": {"patches": [{}]},
+    "env not an object": {"env": "RANK=1"},
+    "via a number": {"via": 3},
+    "targets not a list": {"patches": [{"name": "p", "state": "applied", "targets": 5}]},
+}
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=list(ODD_SHAPES))
+def test_status_from_log_skips_odd_shaped_records_and_counts_them(tmp_path, shape):
+    good = {"pid": 41, "patches": [{"name": "p", "state": "applied"}], "via": ["run"]}
+    odd = {**good, "pid": 42, **ODD_SHAPES[shape]}
+    path = tmp_path / "server.log"
+    path.write_text("".join(f"INFO {process_report.MARKER}{json.dumps(r)}\n" for r in (good, odd, odd)))
+    for args in ((str(path),), (str(path), "--json")):
+        proc = _status_from_log(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "skipped 2 status record(s) of an unexpected shape" in proc.stderr
+        assert "process 41 " in proc.stdout or '"pid": 41' in proc.stdout
+        assert "42" not in proc.stdout
