@@ -1,5 +1,6 @@
 """The per-process summary and status lines, in this process, and reading them back from a log."""
 
+import importlib
 import json
 import logging
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 import aiter_patches
 from aiter_patches import process_report
 from aiter_patches.testing import use_stub_aiter
+from helpers import registry_view
 
 from .procs import ROOT
 
@@ -26,26 +28,42 @@ def lines(caplog, prefix):
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
 
 
+def _by_state(names, state_of, state):
+    return [n for n in names if state_of[n] == state]
+
+
+def _listed(state, names):
+    return f"{state} {len(names)} ({', '.join(names)})"
+
+
 def test_one_summary_when_pending_patches_apply_at_import(fresh_report, caplog, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
+    names = registry_view.names()
     with caplog.at_level(logging.INFO, logger="aiter_patches"), use_stub_aiter():
-        aiter_patches.apply()  # aiter is imported, aiter.fused_moe not yet
+        aiter_patches.apply()  # aiter is imported, its submodules the package does not import are not
+        first_states = {n: ("applied" if all(m in sys.modules for m in registry_view.modules(n)) else "pending")
+                        for n in names}
         first = lines(caplog, SUMMARY)
-        import aiter.fused_moe  # noqa: F401  (three pending patches apply here, one hook each)
+        waiting = sorted({m for n in _by_state(names, first_states, "pending") for m in registry_view.modules(n)
+                          if registry_view.on_stand_in(m)})
+        assert waiting, "the set-up must leave a patch pending on a stand-in module"
+        for m in waiting:  # the pending patches apply here, one hook each, one summary for the import
+            importlib.import_module(m)
 
         after = lines(caplog, SUMMARY)
         aiter_patches.apply()  # changes nothing: no new line
         assert lines(caplog, SUMMARY) == after
         final = process_report.status_record()
-    assert len(first) == 1 and "applied 1 (gemm_out_zeroed)" in first[0]
-    assert "pending 3 (moe_addend_fold, sort_extension, moe_sort_mx_quant) waiting for import of aiter.fused_moe" \
-        in first[0]
-    assert len(after) == 2, after
-    assert "[RANK=3]" in after[1] and "via apply" in after[1]
-    assert "applied 4 (moe_addend_fold, sort_extension, moe_sort_mx_quant, gemm_out_zeroed)" in after[1]
+    assert len(first) == 1 and _listed("applied", _by_state(names, first_states, "applied")) in first[0]
+    pending_first = _by_state(names, first_states, "pending")
+    assert _listed("pending", pending_first) in first[0] and "waiting for import of " in first[0]
+    assert len(after) == 1 + len(waiting), after
+    assert "[RANK=3]" in after[-1] and "via apply" in after[-1]
+    expected = registry_view.expected_on_stand_in()
+    assert _listed("applied", _by_state(names, expected, "applied")) in after[-1]
     statuses = lines(caplog, process_report.MARKER)
-    assert len(statuses) == 2
+    assert len(statuses) == len(after)
     assert process_report.read_log(statuses) == [final]
 
 
@@ -53,20 +71,26 @@ def test_a_process_without_aiter_logs_at_debug_only(fresh_report, caplog):
     with caplog.at_level(logging.DEBUG, logger="aiter_patches"):
         aiter_patches.apply()
     (record,) = [r for r in caplog.records if r.getMessage().startswith(SUMMARY)]
-    assert record.levelno == logging.DEBUG and "pending 4" in record.getMessage()
+    assert record.levelno == logging.DEBUG and f"pending {len(registry_view.names())}" in record.getMessage()
 
 
 def test_skipped_and_disabled_are_named(fresh_report, caplog, monkeypatch):
-    monkeypatch.setenv("AITER_PATCHES_DISABLE", "gemm_out_zeroed")
+    names = registry_view.names()
+    shared = registry_view.shared_location()
+    victims = [n for n in names if shared in registry_view.locations(n)]
+    bystander = next(n for n in registry_view.stand_in_names() if n not in victims)
+    monkeypatch.setenv("AITER_PATCHES_DISABLE", bystander)
+    module, attr = shared.rsplit(".", 1)
     with caplog.at_level(logging.INFO, logger="aiter_patches"), use_stub_aiter():
-        import aiter.fused_moe as fm
-
-        monkeypatch.setattr(fm, "_moe_sorting_impl", lambda topk_ids, other: None)  # a drifted signature
+        for n in victims:
+            for m in registry_view.modules(n):
+                importlib.import_module(m)
+        monkeypatch.setattr(sys.modules[module], attr, lambda topk_ids, other: None)  # a drifted signature
         aiter_patches.apply()
         monkeypatch.undo()
     (line,) = lines(caplog, SUMMARY)
-    assert "skipped 3 (moe_addend_fold, sort_extension, moe_sort_mx_quant)" in line
-    assert "disabled 1 (gemm_out_zeroed)" in line
+    assert _listed("skipped", victims) in line
+    assert _listed("disabled", [bystander]) in line
 
 
 def test_read_log_takes_the_last_line_per_pid_after_any_prefix():
