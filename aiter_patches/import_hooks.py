@@ -30,6 +30,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import types
 from typing import Any, Callable
 
@@ -239,8 +240,6 @@ def _start_waiter(w: Watch) -> None:
 
 
 def _wait(w: Watch) -> None:
-    import time
-
     delay = 0.001
     while w.active:
         if sys.modules.get(w.name) is not w.module or readiness(w.name) != INITIALIZING:

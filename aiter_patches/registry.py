@@ -18,7 +18,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from . import import_hooks, runtime
+# Everything the registry calls is imported here, never inside a call: an import running in one thread
+# when another forks leaves that module locked for good in the child.
+from . import import_hooks, process_report, runtime
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
@@ -141,11 +143,11 @@ def _ensure_builtins() -> None:
     global _builtins_loaded
     if _builtins_loaded:
         return
-    from .patches import BUILTIN_PATCHES  # imports nothing of AITER
-
-    with _lock:
+    with _lock:  # the import under the lock: fork() waits for it (see _before_fork)
         if _builtins_loaded:
             return
+        from .patches import BUILTIN_PATCHES  # imports nothing of AITER
+
         for p in BUILTIN_PATCHES:
             if p.name not in _patches:
                 register(p)
@@ -243,9 +245,7 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
                 continue  # idempotent: nothing stacks
             _apply_or_defer(p)
         report = ApplyReport((n, _record(n)) for n in known if n in requested)
-    from .process_report import log_if_changed
-
-    log_if_changed()
+    process_report.log_if_changed()
     return report
 
 
@@ -332,9 +332,7 @@ def _module_event(module: str, during_import: bool) -> None:
                 _revert_one(name)
                 _apply_or_defer(_patches[name])  # pending again: the failed import left no module
             _watch(module, import_hooks.MISSING)
-    from .process_report import log_if_changed
-
-    log_if_changed()
+    process_report.log_if_changed()
     if errors:
         raise errors[0]
 
@@ -435,7 +433,8 @@ def _compose(original: Callable, layers: list[_Layer]) -> tuple[Callable, list[t
             fn = layer.fn
             continue
         wrapped = layer.target.wrap(fn, layer.site)
-        _mark(wrapped, layer.patch.name, fn)
+        if wrapped is not fn:  # a factory that hands back its inner adds no layer: nothing to mark or disarm
+            _mark(wrapped, layer.patch.name, fn)
         builds.append((layer, wrapped, fn))
         fn = wrapped
     return fn, builds
@@ -445,6 +444,8 @@ def _commit(chain: _Chain, layers: list[_Layer], head: Callable, builds) -> None
     for layer, fn, over in builds:
         layer.fn, layer.over = fn, over
         layer.built = [(r, o) for r, o in layer.built if r() is not None]
+        if fn is over:
+            continue
         try:
             layer.built.append((weakref.ref(fn), over))
         except TypeError:  # not weak-referenceable: cannot be disarmed at revert either
@@ -573,9 +574,10 @@ def _disarm(layer: _Layer) -> list[str]:
     original's path too, at no cost to calls made while the patch is applied.
     """
     failed = []
+    originals = {id(c.original) for c in _chains.values()}
     for ref, over in layer.built:
         fn = ref()
-        if fn is None:
+        if fn is None or fn is over or id(fn) in originals or getattr(fn, "__aiter_patches__", None) is None:
             continue
         try:
             if type(fn) is not types.FunctionType:

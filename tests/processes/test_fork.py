@@ -5,14 +5,21 @@ import json
 from .procs import python
 
 FORK_WHILE_BUSY = r"""
-import importlib, json, os, sys, threading, time
+import importlib, importlib.util, json, os, sys, threading, time
 import aiter  # the stand-in: the GEMM patch applies, the patches on modules not imported yet stay pending
 import aiter_patches
 from aiter_patches import registry
 
+def importable(module):  # a patch on a module the stand-in lacks (a server's) stays pending
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
 report = aiter_patches.apply()
-waiting = sorted({t.module for p in registry.patches() if p.name in report.pending for t in p.targets
-                  if t.module not in sys.modules})
+modules = {p.name: {t.module for t in p.targets} for p in registry.patches() if p.name in report.pending}
+due = [n for n, ms in modules.items() if all(importable(m) for m in ms)]
+waiting = sorted({m for n in due for m in modules[n] if m not in sys.modules})
 assert waiting, report
 stop = threading.Event()
 
@@ -30,7 +37,7 @@ for _ in range(20):
         for m in waiting:
             importlib.import_module(m)
         states = {p["name"]: p["state"] for p in aiter_patches.status()["patches"]}
-        os._exit(0 if all(states[n] == "applied" for n in report.pending) else 3)
+        os._exit(0 if all(states[n] == "applied" for n in due) else 3)
     children.append(pid)
 stop.set()
 deadline = time.monotonic() + float(sys.argv[1])
@@ -47,7 +54,7 @@ while len(results) < len(children):
             os.waitpid(pid, 0)
             results[pid] = "hang"
     time.sleep(0.01)
-print(json.dumps({"pending": report.pending, "results": list(results.values())}))
+print(json.dumps({"pending": due, "results": list(results.values())}))
 """
 
 
