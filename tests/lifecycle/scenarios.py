@@ -272,7 +272,7 @@ def case_fork_while_the_lock_is_held() -> None:
     with use_stub_aiter():
         aiter_patches.apply()  # the patches on modules not imported yet are pending
         inside, release = threading.Event(), threading.Event()
-        slow_wait = registry._FORK_WAIT_S + 2
+        slow_wait = getattr(registry, "_FORK_WAIT_S", 1.0) + 2
 
         def slow_factory(inner, site):
             inside.set()
