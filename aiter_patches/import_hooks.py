@@ -163,6 +163,8 @@ class _NotifyingLoader:
         self._aiter_patches_watches = watches  # None: whatever is registered for the name at that time
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_aiter_patches_"):  # not set yet (a copy being built): no recursion
+            raise AttributeError(attr)
         return getattr(self._aiter_patches_loader, attr)
 
     def create_module(self, spec):
