@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from . import runtime
+from . import foreign_layers, runtime
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
@@ -63,6 +63,10 @@ class Patch:
     order: int = 50  # among patches on one target: lower is outer (asked first)
     relies_on: tuple[SourcePin, ...] = ()
     check: str | None = None  # "module:function" of the equivalence check `aiter-patches verify` runs
+    # a patch of a server's code: stays inactive (not pending) where that top-level package is not installed
+    requires: str | None = None
+    # a further gate after a target's pin matched (e.g. a source hash): a reason skips the patch
+    precheck: Callable[[Target, Callable], str | None] | None = None
 
 
 @dataclass
@@ -244,6 +248,10 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
 
 
 def _apply_or_defer(p: Patch) -> None:
+    if p.requires is not None and not _installed(p.requires):
+        st = _states[p.name]
+        st.state, st.reason, st.targets = INACTIVE, f"{p.requires} is not installed", []
+        return
     missing = [m for m in _target_modules(p) if m not in sys.modules]
     if not missing:
         _try_apply(p)
@@ -257,6 +265,17 @@ def _apply_or_defer(p: Patch) -> None:
         hook = _Hook(p.name)
         st.hooks.append((mod, hook))
         wrapt.register_post_import_hook(hook, mod)
+
+
+def _installed(package: str) -> bool:
+    if package in sys.modules:
+        return True
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class _Hook:
@@ -347,6 +366,11 @@ def _try_apply(p: Patch) -> None:
             problem = f"{t.location} signature drifted ({'; '.join(differences)}); accepted pins: {accepted}"
             break
         rec["pin"] = pin.label
+        if p.precheck is not None:
+            problem = p.precheck(t, original)
+            if problem is not None:
+                problem = f"{t.location}: {problem}"
+                break
         found.append((t, original, pin))
     if problem is not None:
         st.state, st.reason, st.targets = SKIPPED, problem, records
@@ -508,6 +532,7 @@ def _record(name: str) -> dict[str, Any]:
         "targets": [dict(t) for t in st.targets]
         or [{"location": t.location, "signature": None, "pin": None, "aliases": []} for t in p.targets],
         "pins": {t.location: [pin.label for pin in t.pins] for t in p.targets},
+        "foreign_layers": foreign_layers.records(name) if st.state == APPLIED else [],
     }
 
 
@@ -532,7 +557,11 @@ def stats() -> dict[str, dict[str, Any]]:
     """Per patch: fast-path hits, fallbacks by reason, fast-path errors. Host counters only."""
     patches()
     with _lock:
-        return {name: c.snapshot() for name, c in _counters.items()}
+        out = {name: c.snapshot() for name, c in _counters.items()}
+        for name, snap in out.items():  # the key appears only when a foreign layer is seen
+            if _states[name].state == APPLIED and (layers := foreign_layers.records(name)):
+                snap["foreign_layers"] = [layer["text"] for layer in layers]
+        return out
 
 
 def reset_stats() -> None:
@@ -544,3 +573,32 @@ def reset_stats() -> None:
 def counters(name: str) -> PatchCounters:
     patches()
     return _counters[name]
+
+
+def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> list[str]:
+    """Take foreign wrappers that sit directly over our chain off its bindings, by identity only.
+
+    A binding is restored to our outermost wrapper only when it holds an object
+    ``is_layer`` accepts whose ``__wrapped__`` is exactly that wrapper. Returns
+    the locations restored.
+    """
+    with _lock:
+        chain = _chains.get((module, attr))
+        if chain is None or chain.current is None:
+            return []
+        restored = []
+        for mod_name, mod in list(sys.modules.items()):
+            try:
+                d = vars(mod)
+                names = [attr] if mod_name == module else list(d)
+            except (TypeError, RuntimeError):
+                continue
+            for k in names:
+                v = d.get(k)
+                if v is None or v is chain.current or not is_layer(v):
+                    continue
+                if getattr(v, "__wrapped__", None) is chain.current:
+                    d[k] = chain.current
+                    chain.locations.add((mod_name, k))
+                    restored.append(f"{mod_name}.{k}")
+        return sorted(restored)
