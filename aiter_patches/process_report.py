@@ -67,6 +67,10 @@ def log_if_changed() -> None:
         level = logging.INFO if record["aiter"]["imported"] else logging.DEBUG
         log.log(level, "%s", summary_line(record))
         log.log(level, "%s%s", MARKER, json.dumps(record, separators=(",", ":"), default=str))
+        if any(p["state"] == "applied" for p in record["patches"]):
+            from . import stats_log
+
+            stats_log.ensure_started()  # the exit line, and the periodic ones if asked for
     except Exception:  # reporting must never break apply() or an import
         log.debug("aiter_patches: could not write the process summary", exc_info=True)
 
@@ -131,6 +135,7 @@ def status_record() -> dict[str, Any]:
                 "reason": p["reason"],
                 "targets": [{"location": t["location"], "pin": t["pin"], "aliases": t["aliases"]}
                             for t in p["targets"]],
+                **({"foreign_layers": [f["text"] for f in p["foreign_layers"]]} if p.get("foreign_layers") else {}),
             }
             for p in st["patches"]
         ],
@@ -175,7 +180,20 @@ def summary_line(record: dict[str, Any]) -> str:
     aliases = _aliases(record)
     if aliases:
         body += f"; rebound aliases: {', '.join(aliases)}"
+    foreign = _foreign(record)
+    if foreign:
+        body += f"; foreign layers: {'; '.join(foreign)}"
     return f"aiter_patches: {who}: {body}"
+
+
+def _foreign(record: dict[str, Any]) -> list[str]:
+    """Each foreign layer once: "outer sglang.x on aiter.fused_moe.fused_moe (moe_sort_mx_quant, ...)"."""
+    by_layer: dict[str, list[str]] = {}
+    for p in record.get("patches", []):
+        for text in p.get("foreign_layers", []) if p["state"] == "applied" else []:
+            head = text.split(": ", 1)[0].replace(" layer ", " ", 1)
+            by_layer.setdefault(head, []).append(p["name"])
+    return [f"{head} ({', '.join(names)})" for head, names in by_layer.items()]
 
 
 # ---------------------------------------------------------------- reading a log back
@@ -213,16 +231,24 @@ def print_log_status(path: str, *, as_json: bool) -> int:
         print(f"cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
-        records = read_log(stream)
+        lines = list(stream)
     finally:
         if stream is not sys.stdin:
             stream.close()
+    records = read_log(lines)
+    from . import stats_log
+
+    sums = stats_log.summed(stats_log.read_stats(lines))
     if not records:
         print(f"no '{MARKER.strip()}' lines in {path}", file=sys.stderr)
         return 1
     if as_json:
-        print(json.dumps({"processes": records}, indent=2, default=str))
+        print(json.dumps({"processes": records, "stats": sums}, indent=2, default=str))
         return 0
     for record in records:
         print(summary_line(record).removeprefix("aiter_patches: "))
+    if sums:
+        print("counts (the latest stats line of each process, summed):")
+        for text in stats_log.render(sums):
+            print("  " + text)
     return 0

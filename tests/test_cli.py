@@ -31,7 +31,7 @@ def test_status_json_lists_every_patch():
     assert proc.returncode == 0, proc.stderr
     st = json.loads(proc.stdout)
     assert [p["name"] for p in st["patches"]] == ["moe_addend_fold", "sort_extension", "moe_sort_mx_quant",
-                                                  "gemm_out_zeroed"]
+                                                  "sglang_takeover", "gemm_out_zeroed"]
     assert all(p["state"] == "inactive" for p in st["patches"])
 
 
@@ -41,4 +41,5 @@ def test_verify_runs_every_check_on_the_stand_in():
     out = json.loads(proc.stdout)
     assert "stand-in" in out["aiter"]
     assert {r["patch"]: r["result"] for r in out["rows"]} == {
-        "moe_addend_fold": "ok", "sort_extension": "ok", "moe_sort_mx_quant": "ok", "gemm_out_zeroed": "ok"}
+        "moe_addend_fold": "ok", "sort_extension": "ok", "moe_sort_mx_quant": "ok", "gemm_out_zeroed": "ok",
+        "sglang_takeover": "-"}  # inactive: no SGLang installed

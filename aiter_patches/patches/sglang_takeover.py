@@ -182,3 +182,36 @@ PATCH = Patch(
     requires="sglang",
     precheck=_source_reason,
 )
+
+
+def check_source(text: str, where: str = SGLANG_MODULE) -> list[str]:
+    """The drift check for SGLang's file (its text, e.g. read from a wheel): one line per problem, [] when all match.
+
+    The same machinery as for AITER: the ``def``'s signature against the pins
+    (``signatures.from_ast``), each relied-on function's ``drift.source_hash``.
+    """
+    import ast
+
+    from ..drift import source_hash
+    from ..signatures import from_ast, match
+
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    problems = []
+    node = defs.get(ENTRY)
+    if node is None:
+        return [f"{where}: {ENTRY} is not defined"]
+    pin, differences = match(from_ast(node), pins.SGLANG_APPLY_SMALL_MOE_SORT_PATCH)
+    if pin is None:
+        problems.append(f"{where}.{ENTRY} signature drifted: {'; '.join(differences)}")
+    for sp in relied_on.SGLANG_TAKEOVER:
+        n = defs.get(sp.qualname)
+        if n is None:
+            problems.append(f"{where}.{sp.qualname} missing")
+            continue
+        first = min([n.lineno] + [d.lineno for d in n.decorator_list])
+        found = source_hash(lines[first - 1:n.end_lineno])
+        if found != sp.sha256 and found not in sp.also:
+            problems.append(f"{where}.{sp.qualname} changed: source hash {found[:12]} != pinned {sp.sha256[:12]}")
+    return problems

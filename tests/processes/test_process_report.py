@@ -98,7 +98,7 @@ def test_status_from_log_cli(tmp_path, fresh_report, monkeypatch):
     path.write_text(log)
     as_json = _status_from_log(str(path), "--json")
     assert as_json.returncode == 0, as_json.stderr
-    assert json.loads(as_json.stdout) == {"processes": [record]}
+    assert json.loads(as_json.stdout) == {"processes": [record], "stats": {}}
     text = _status_from_log("-", stdin=log)
     assert text.returncode == 0
     assert text.stdout.strip() == process_report.summary_line(record).removeprefix("aiter_patches: ")
