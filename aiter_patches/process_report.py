@@ -25,6 +25,8 @@ import os
 import sys
 from typing import Any, Iterable, TextIO
 
+from . import foreign_layers
+
 log = logging.getLogger("aiter_patches")
 
 MARKER = "aiter_patches status: "
@@ -135,7 +137,7 @@ def status_record() -> dict[str, Any]:
                 "reason": p["reason"],
                 "targets": [{"location": t["location"], "pin": t["pin"], "aliases": t["aliases"]}
                             for t in p["targets"]],
-                **({"foreign_layers": [f["text"] for f in p["foreign_layers"]]} if p.get("foreign_layers") else {}),
+                **({"foreign_layers": foreign_layers.short(p["foreign_layers"])} if p.get("foreign_layers") else {}),
             }
             for p in st["patches"]
         ],
@@ -191,8 +193,7 @@ def _foreign(record: dict[str, Any]) -> list[str]:
     by_layer: dict[str, list[str]] = {}
     for p in record.get("patches", []):
         for text in p.get("foreign_layers", []) if p["state"] == "applied" else []:
-            head = text.split(": ", 1)[0].replace(" layer ", " ", 1)
-            by_layer.setdefault(head, []).append(p["name"])
+            by_layer.setdefault(text, []).append(p["name"])
     return [f"{head} ({', '.join(names)})" for head, names in by_layer.items()]
 
 
