@@ -61,16 +61,21 @@ def register_known(module: str, qualname: str, takes: str) -> None:
 
 def defined_by(obj: Any) -> tuple[str | None, str | None]:
     """(module, qualname) of the code behind ``obj``, read where ``functools.wraps`` cannot overwrite it."""
+    kind = type(obj)
+    if _is_proxy(obj):  # a proxy forwards __code__: name the function doing the wrapping
+        wrapper = _attr(obj, "_self_wrapper")
+        return defined_by(wrapper) if wrapper is not None else (kind.__module__, kind.__qualname__)
     code = getattr(obj, "__code__", None)
     glb = getattr(obj, "__globals__", None)
     if code is not None and isinstance(glb, dict):
         return glb.get("__name__"), getattr(code, "co_qualname", code.co_name)
-    kind = type(obj)
-    if kind.__module__.startswith("wrapt"):  # a proxy: name the function doing the wrapping
-        wrapper = _attr(obj, "_self_wrapper")
-        if wrapper is not None:
-            return defined_by(wrapper)
     return kind.__module__, kind.__qualname__
+
+
+def _is_proxy(obj: Any) -> bool:
+    """A wrapt proxy (any version: the C base class is ``_wrappers.ObjectProxy``, the Python one ``wrapt.*``)."""
+    return any(c.__name__ == "ObjectProxy" and (c.__module__ == "_wrappers" or c.__module__.startswith("wrapt"))
+               for c in type(obj).__mro__)
 
 
 def _attr(obj: Any, name: str) -> Any:
@@ -108,7 +113,7 @@ def path_to(obj: Any, target: Any, depth: int = _DEPTH) -> list[Any] | None:
 
 def _is_foreign(obj: Any, root: str) -> bool:
     """A Python function (or wrapt proxy) whose code was defined outside package ``root``."""
-    if getattr(obj, "__code__", None) is None and not type(obj).__module__.startswith("wrapt"):
+    if not _is_proxy(obj) and getattr(obj, "__code__", None) is None:
         return False  # builtins, torch ops, lru caches: no reliable origin
     module, _ = defined_by(obj)
     return module is not None and module != root and not module.startswith(root + ".")

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -578,9 +579,9 @@ def counters(name: str) -> PatchCounters:
 def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> list[str]:
     """Take foreign wrappers that sit directly over our chain off its bindings, by identity only.
 
-    A binding is restored to our outermost wrapper only when it holds an object
-    ``is_layer`` accepts whose ``__wrapped__`` is exactly that wrapper. Returns
-    the locations restored.
+    A binding is restored to our outermost wrapper only when it holds a Python
+    function ``is_layer`` accepts whose ``__wrapped__`` is exactly that wrapper.
+    Returns the locations restored.
     """
     with _lock:
         chain = _chains.get((module, attr))
@@ -595,7 +596,7 @@ def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> l
                 continue
             for k in names:
                 v = d.get(k)
-                if v is None or v is chain.current or not is_layer(v):
+                if not isinstance(v, types.FunctionType) or v is chain.current or not is_layer(v):
                     continue
                 if getattr(v, "__wrapped__", None) is chain.current:
                     d[k] = chain.current
