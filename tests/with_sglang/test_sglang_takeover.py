@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import aiter_patches
-from aiter_patches import process_report, registry
+from aiter_patches import process_report, registry, stats_log
 from aiter_patches.patches import sglang_takeover
 
 from .conftest import MODULE, run_sglang_patch, sglang_importable
@@ -127,6 +127,9 @@ def test_ours_first(stub, sglang_root, monkeypatch, quiet_report, caplog, quant,
                                     "fused_moe_wrapper) on aiter.fused_moe.fused_moe") for f in foreign)
             assert "; foreign layers: " in summary and f"outer {MODULE} on aiter.fused_moe._moe_sorting_impl (" in summary
             assert "foreign_layers" in stats(MX)
+            (line,) = [r for r in stats_log.records() if r["patch"] == MX]  # what the exit line carries
+            assert line["fallback"] == {TAKEN: len(TOKENS)} and sort_layer[0] in line["foreign_layers"]
+            assert len(stats_log.line(line).encode()) <= stats_log.MAX_LINE
 
 
 @pytest.mark.parametrize("quant", ["fp8", "fp4"])
