@@ -105,6 +105,7 @@ def _after_fork_in_child() -> None:
     try:
         from . import registry
 
+        _free_locks_of_vanished_threads(registry)
         _baseline.clear()
         for name, c in list(registry._counters.items()):  # the child has one thread: plain reads are safe
             _baseline[name] = {"fast": c._fast, "fallback": dict(c._fallback), "errors": dict(c._errors)}
@@ -113,6 +114,20 @@ def _after_fork_in_child() -> None:
             _start_thread()
     except Exception:  # never in the way of a fork
         pass
+
+
+def _free_locks_of_vanished_threads(registry) -> None:
+    """Locks our interval thread may have held at the fork: in the child that thread is gone and would never
+    release them. Replaced only when no surviving thread owns them (the forking thread keeps its own)."""
+    lock = registry._lock
+    if not lock._is_owned():
+        if lock.acquire(blocking=False):
+            lock.release()
+        else:
+            registry._lock = threading.RLock()
+    for c in list(registry._counters.values()):
+        if c._lock.locked():  # held only inside a counter method, never across a fork by the forking thread
+            c._lock = threading.Lock()
 
 
 def _at_exit() -> None:

@@ -107,6 +107,21 @@ SCRIPT = textwrap.dedent("""
             os._exit(0)  # as multiprocessing's fork workers leave: no atexit
         os.waitpid(pid, 0)
         print("CHILD", pid)
+    elif mode == "held":  # a thread (as the interval thread may) holds the registry's and a counter's lock at the fork
+        import threading
+        held, done = threading.Event(), threading.Event()
+        def hold():
+            with registry._lock, c._lock:
+                held.set(); done.wait()
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            aiter_patches.status(); c.hit(); aiter_patches.apply()
+            os._exit(0)
+        _, code = os.waitpid(pid, 0)
+        done.set()
+        print("CHILD", pid, code)
     else:
         c.fallback("in the parent")
         time.sleep(float(sys.argv[2]))
@@ -190,3 +205,9 @@ def test_status_from_log_sums_the_latest_line_of_each_process(tmp_path):
     assert "fallback 5: a" in text.stdout and "foreign: outer layer x on aiter.fused_moe.fused_moe" in text.stdout
     as_json = subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60)
     assert json.loads(as_json.stdout)["stats"] == sums
+
+
+def test_a_child_forked_while_a_thread_held_our_locks_does_not_hang():
+    proc = run("held", 0.0, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == "0"
