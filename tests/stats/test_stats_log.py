@@ -117,6 +117,7 @@ SCRIPT = textwrap.dedent("""
         held.wait()
         pid = os.fork()
         if pid == 0:
+            import signal; signal.alarm(15)  # a hung child must not outlive the test
             aiter_patches.status(); c.hit(); aiter_patches.apply()
             os._exit(0)
         _, code = os.waitpid(pid, 0)

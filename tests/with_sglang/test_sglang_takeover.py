@@ -20,6 +20,7 @@ from .conftest import MODULE, run_sglang_patch, sglang_importable
 MX = "moe_sort_mx_quant"
 TAKEOVER = "sglang_takeover"
 TAKEN = f"the sort was taken by outer layer {MODULE} on aiter.fused_moe._moe_sorting_impl"
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOKENS = (1, 3)  # decode batches: 2 and 6 routing pairs at topk 2
 
 
@@ -45,9 +46,10 @@ def inputs(aiter, M, quant, E=8, topk=2, dim=2048, inter=64, seed=0):
         w2 = torch.randn(E, dim, inter, generator=g).to(aiter.dtypes.fp8)
     s1 = torch.randint(118, 122, (E, 2 * inter, dim // 32), generator=g, dtype=torch.uint8)
     s2 = torch.randint(118, 122, (E, dim, inter // 32), generator=g, dtype=torch.uint8)
-    return dict(hidden_states=exact_bf16((M, dim), g), w1=w1, w2=w2, topk_weight=w, topk_ids=ids,
-                quant_type=aiter.QuantType.per_1x32, w1_scale=s1.view(aiter.dtypes.fp8_e8m0),
-                w2_scale=s2.view(aiter.dtypes.fp8_e8m0), expert_mask=None)
+    args = dict(hidden_states=exact_bf16((M, dim), g), w1=w1, w2=w2, topk_weight=w, topk_ids=ids,
+                w1_scale=s1.view(aiter.dtypes.fp8_e8m0), w2_scale=s2.view(aiter.dtypes.fp8_e8m0))
+    args = {k: v.to(DEVICE) for k, v in args.items()}  # SGLang's Triton kernels: a GPU, or the interpreter on CPU
+    return dict(args, quant_type=aiter.QuantType.per_1x32, expert_mask=None)
 
 
 def fused_moe(args):
