@@ -368,7 +368,10 @@ def _try_apply(p: Patch) -> None:
             break
         rec["pin"] = pin.label
         if p.precheck is not None:
-            problem = p.precheck(t, original)
+            try:
+                problem = p.precheck(t, original)
+            except Exception as exc:  # a gate that cannot decide does not apply the patch
+                problem = f"its precheck raised {type(exc).__name__}: {exc}"
             if problem is not None:
                 problem = f"{t.location}: {problem}"
                 break
