@@ -14,7 +14,7 @@ patch is skipped (``AITER_PATCHES_DISABLE=sglang_takeover`` gives it back).
 The decision is taken when SGLang calls the function (its caller imports it
 from the module at call time, so the binding we replace is the one it uses):
 while ``moe_sort_mx_quant`` is applied the call is a no-op, counted and logged
-once; otherwise SGLang's function runs. If SGLang's patch already ran when the
+once; otherwise (and off gfx95, where it installs nothing) SGLang's function runs. If SGLang's patch already ran when the
 take-over applies (``functools.cache`` shows it was called), its wrappers that
 sit directly over ours are taken off by identity (``__wrapped__`` is our
 wrapper and the wrapper's own closure calls exactly it); wrappers under ours are
@@ -121,6 +121,15 @@ def _producer_state() -> str:
     return state
 
 
+def _on_gfx95() -> bool:
+    """SGLang's own first test (its function returns at once elsewhere): a no-op there saves nothing to count."""
+    probe = getattr(sys.modules.get(SGLANG_MODULE), "is_gfx95_supported", None)
+    try:
+        return probe is None or bool(probe())
+    except Exception:
+        return True
+
+
 def _log_once() -> None:
     global _logged
     if not _logged:
@@ -157,6 +166,9 @@ def _takeover_wrapper(inner, site):
     _after_earlier_run(inner, site)
 
     def apply_aiter_small_moe_sort_patch(*args, **kwargs):
+        if not _on_gfx95():
+            site.counters.fallback("not gfx95: SGLang's patch installs nothing here")
+            return inner(*args, **kwargs)
         state = _producer_state()
         if state != APPLIED:
             site.counters.fallback(f"{PRODUCER} is {state}: SGLang's patch installed")

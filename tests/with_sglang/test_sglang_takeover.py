@@ -259,3 +259,27 @@ def test_disabled_by_name_leaves_sglang_alone(stub, sglang_root, monkeypatch):
         original = sm.apply_aiter_small_moe_sort_patch
         assert aiter_patches.apply()[TAKEOVER]["state"] == "disabled"
         assert sm.apply_aiter_small_moe_sort_patch is original
+
+
+def test_sglang_module_imported_before_apply(stub, sglang_root):
+    import aiter.fused_moe as fm
+
+    with sglang_importable(sglang_root):
+        import sglang.kernels.ops.moe.moe_sorting_small  # noqa: F401
+
+        assert aiter_patches.apply()[TAKEOVER]["state"] == "applied"  # at once: the module is there
+        run_sglang_patch()
+        assert stats(TAKEOVER) == {"fast": 1, "fallback": {}, "errors": {}}
+        assert fm._moe_sorting_impl is registry._chains[("aiter.fused_moe", "_moe_sorting_impl")].current
+
+
+def test_off_gfx95_the_call_is_sglangs_own_and_counted_so(stub, sglang_root, monkeypatch):
+    import aiter.fused_moe as fm
+
+    monkeypatch.setenv("FAKE_GFX95", "0")
+    with sglang_importable(sglang_root):
+        aiter_patches.apply()
+        run_sglang_patch()
+        assert stats(TAKEOVER) == {"fast": 0, "fallback": {"not gfx95: SGLang's patch installs nothing here": 1},
+                                   "errors": {}}
+        assert fm._moe_sorting_impl is registry._chains[("aiter.fused_moe", "_moe_sorting_impl")].current
