@@ -260,6 +260,7 @@ def summed(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def render(sums: dict[str, dict[str, Any]]) -> list[str]:
     """The human lines of ``status --from-log`` for the sums."""
     out = []
+    foreign: dict[str, list[str]] = {}
     for name, s in sums.items():
         n_fb = sum(s["fallback"].values()) + s.get("fallback_more", {}).get("calls", 0)
         n_err = sum(s["errors"].values()) + s.get("errors_more", {}).get("calls", 0)
@@ -276,5 +277,8 @@ def render(sums: dict[str, dict[str, Any]]) -> list[str]:
             out.append(f"    error {s['errors_more']['calls']}: {s['errors_more']['reasons']} rarer kinds "
                        "(cut from the lines)")
         for f in s["foreign_layers"]:
-            out.append(f"    foreign: {f}")
+            foreign.setdefault(f, []).append(name)
+    if foreign:
+        out.append("foreign layers seen:")
+        out.extend(f"    {f} [{', '.join(names)}]" for f, names in foreign.items())
     return out

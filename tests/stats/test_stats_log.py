@@ -203,7 +203,7 @@ def test_status_from_log_sums_the_latest_line_of_each_process(tmp_path):
     text = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert text.returncode == 0, text.stderr
     assert f"{MX}: 17 fast-path hits, 6 fallbacks, 0 errors over 2 processes" in text.stdout
-    assert "fallback 5: a" in text.stdout and "foreign: outer layer x on aiter.fused_moe.fused_moe" in text.stdout
+    assert "fallback 5: a" in text.stdout and "foreign layers seen:\n      outer layer x on aiter.fused_moe.fused_moe [moe_sort_mx_quant]" in text.stdout
     as_json = subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=60)
     assert json.loads(as_json.stdout)["stats"] == sums
 
