@@ -25,6 +25,8 @@ import os
 import sys
 from typing import Any, Iterable, TextIO
 
+from . import foreign_layers, stats_log
+
 log = logging.getLogger("aiter_patches")
 
 MARKER = "aiter_patches status: "
@@ -67,6 +69,8 @@ def log_if_changed() -> None:
         level = logging.INFO if record["aiter"]["imported"] else logging.DEBUG
         log.log(level, "%s", summary_line(record))
         log.log(level, "%s", status_line(record))
+        if any(p["state"] == "applied" for p in record["patches"]):
+            stats_log.ensure_started()  # the exit line, and the periodic ones if asked for
     except Exception:  # reporting must never break apply() or an import
         log.debug("aiter_patches: could not write the process summary", exc_info=True)
 
@@ -131,6 +135,7 @@ def status_record() -> dict[str, Any]:
                 "reason": p["reason"],
                 "targets": [{"location": t["location"], "pin": t["pin"], "aliases": t["aliases"]}
                             for t in p["targets"]],
+                **({"foreign_layers": foreign_layers.short(p["foreign_layers"])} if p.get("foreign_layers") else {}),
             }
             for p in st["patches"]
         ],
@@ -220,6 +225,9 @@ def summary_line(record: dict[str, Any]) -> str:
             text += f" waiting for import of {', '.join(_waiting_for(record))}"
         parts.append(text)
     body = "; ".join(parts) or "no patch requested"
+    foreign = _foreign(record)
+    if foreign:
+        body += f"; foreign layers: {'; '.join(foreign)}"
     aliases = _aliases(record)
     head = f"aiter_patches: {who}: {body}"
     if aliases:
@@ -229,6 +237,15 @@ def summary_line(record: dict[str, Any]) -> str:
         more = f" (+{len(aliases) - len(shown)} more)" if len(shown) < len(aliases) else ""
         head += f"; rebound aliases: {', '.join(shown)}{more}"
     return head
+
+
+def _foreign(record: dict[str, Any]) -> list[str]:
+    """Each foreign layer once: "outer sglang.x on aiter.fused_moe.fused_moe (moe_sort_mx_quant, ...)"."""
+    by_layer: dict[str, list[str]] = {}
+    for p in record.get("patches", []):
+        for text in p.get("foreign_layers", []) if p["state"] == "applied" else []:
+            by_layer.setdefault(text, []).append(p["name"])
+    return [f"{head} ({', '.join(names)})" for head, names in by_layer.items()]
 
 
 # ---------------------------------------------------------------- reading a log back
@@ -244,7 +261,8 @@ def _well_shaped(record: dict[str, Any]) -> bool:
         return False
     for p in patches:
         if not (isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("state"), str)
-                and isinstance(p.get("reason", ""), str) and isinstance(p.get("targets", []), list)):
+                and isinstance(p.get("reason", ""), str) and isinstance(p.get("targets", []), list)
+                and _is_str_list(p.get("foreign_layers", []))):
             return False
         for t in p.get("targets", []):
             if not (isinstance(t, dict) and _is_str_list(t.get("aliases", []))):
@@ -309,18 +327,24 @@ def print_log_status(path: str, *, as_json: bool) -> int:
         print(f"cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
-        records, odd = scan_log(stream)
+        lines = list(stream)
     finally:
         if stream is not sys.stdin:
             stream.close()
+    records, odd = scan_log(lines)
     if odd:
         print(f"warning: skipped {odd} status record(s) of an unexpected shape in {path}", file=sys.stderr)
+    sums = stats_log.summed(stats_log.read_stats(lines))
     if not records:
         print(f"no '{MARKER.strip()}' lines in {path}", file=sys.stderr)
         return 1
     if as_json:
-        print(json.dumps({"processes": records}, indent=2, default=str))
+        print(json.dumps({"processes": records, "stats": sums}, indent=2, default=str))
         return 0
     for record in records:
         print(summary_line(record).removeprefix("aiter_patches: "))
+    if sums:
+        print("counts (the latest stats line of each process, summed):")
+        for text in stats_log.render(sums):
+            print("  " + text)
     return 0

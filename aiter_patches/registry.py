@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 # Everything the registry calls is imported here, never inside a call: an import running in one thread
 # when another forks leaves that module locked for good in the child.
-from . import import_hooks, process_report, runtime
+from . import foreign_layers, import_hooks, process_report, runtime
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
@@ -67,6 +67,10 @@ class Patch:
     order: int = 50  # among patches on one target: lower is outer (asked first)
     relies_on: tuple[SourcePin, ...] = ()
     check: str | None = None  # "module:function" of the equivalence check `aiter-patches verify` runs
+    # a patch of a server's code: stays inactive (not pending) where that top-level package is not installed
+    requires: str | None = None
+    # a further gate after a target's pin matched (e.g. a source hash): a reason skips the patch
+    precheck: Callable[[Target, Callable], str | None] | None = None
 
 
 @dataclass
@@ -249,6 +253,18 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
     return report
 
 
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (a patch on a server's code is inactive where it is not)."""
+    if package in sys.modules:
+        return True
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _target_modules(p: Patch) -> list[str]:
     seen: list[str] = []
     for t in p.targets:
@@ -264,6 +280,10 @@ def _apply_or_defer(p: Patch, just_executed: str | None = None) -> None:
     thread, or be a lazy module that has not run it: both are waited for,
     never treated as missing targets, and never executed here.
     """
+    if p.requires is not None and not _installed(p.requires):
+        st = _states[p.name]
+        st.state, st.reason, st.targets = INACTIVE, f"{p.requires} is not installed", []
+        return
     waiting = {}
     for m in _target_modules(p):
         r = import_hooks.READY if m == just_executed else import_hooks.readiness(m)
@@ -364,6 +384,13 @@ def _check_targets(p: Patch, records: list[dict[str, Any]]) -> tuple[str | None,
             accepted = ", ".join(x.label for x in t.pins)
             return f"{t.location} signature drifted ({'; '.join(differences)}); accepted pins: {accepted}", []
         rec["pin"] = pin.label
+        if p.precheck is not None:
+            try:
+                problem = p.precheck(t, original)
+            except Exception as exc:  # a gate that cannot decide does not apply the patch
+                problem = f"its precheck raised {type(exc).__name__}: {exc}"
+            if problem is not None:
+                return f"{t.location}: {problem}", []
         found.append((t, original, pin))
     return None, found
 
@@ -700,6 +727,7 @@ def _record(name: str) -> dict[str, Any]:
         "targets": [dict(t) for t in st.targets]
         or [{"location": t.location, "signature": None, "pin": None, "aliases": []} for t in p.targets],
         "pins": {t.location: [pin.label for pin in t.pins] for t in p.targets},
+        "foreign_layers": foreign_layers.records(name) if st.state == APPLIED else [],
     }
 
 
@@ -724,7 +752,11 @@ def stats() -> dict[str, dict[str, Any]]:
     """Per patch: fast-path hits, fallbacks by reason, fast-path errors. Host counters only."""
     patches()
     with _lock:
-        return {name: c.snapshot() for name, c in _counters.items()}
+        out = {name: c.snapshot() for name, c in _counters.items()}
+        for name, snap in out.items():  # the key appears only when a foreign layer is seen
+            if _states[name].state == APPLIED and (layers := foreign_layers.records(name)):
+                snap["foreign_layers"] = [layer["text"] for layer in layers]
+        return out
 
 
 def reset_stats() -> None:
@@ -736,6 +768,37 @@ def reset_stats() -> None:
 def counters(name: str) -> PatchCounters:
     patches()
     return _counters[name]
+
+
+def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> list[str]:
+    """Take foreign wrappers that sit directly over our chain off its bindings, by identity only.
+
+    A binding is restored to our outermost wrapper only when it holds a Python
+    function ``is_layer`` accepts whose ``__wrapped__`` is exactly that wrapper.
+    Returns the locations restored.
+    """
+    with _lock:
+        chain = _chains.get((module, attr))
+        if chain is None or chain.current is None:
+            return []
+        restored = []
+        for mod_name, mod in list(sys.modules.items()):
+            d = import_hooks.module_dict(mod)
+            if d is None:
+                continue
+            try:
+                names = [attr] if mod_name == module else list(d)
+            except RuntimeError:  # changed size under a concurrent import
+                continue
+            for k in names:
+                v = d.get(k)
+                if type(v) is not types.FunctionType or v is chain.current or not is_layer(v):
+                    continue
+                if getattr(v, "__wrapped__", None) is chain.current:
+                    d[k] = chain.current
+                    chain.locations.add((mod_name, k))
+                    restored.append(f"{mod_name}.{k}")
+        return sorted(restored)
 
 
 # ---------------------------------------------------------------- fork

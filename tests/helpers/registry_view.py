@@ -3,7 +3,8 @@
 Tests take every patch name and target module from here, never from a list
 written by hand, so a patch added or renamed is tested without editing them.
 A patch whose modules the stand-in AITER does not have (a server's module, say)
-stays ``pending`` on it: ``expected_on_stand_in()`` says so.
+stays ``pending`` on it, or ``inactive`` where it requires a package that is not
+installed: ``expected_on_stand_in()`` says so.
 """
 
 from __future__ import annotations
@@ -45,7 +46,17 @@ def stand_in_names() -> list[str]:
 def expected_on_stand_in() -> dict[str, str]:
     """Each patch's state once every stand-in module is imported and ``apply()`` ran."""
     ok = set(stand_in_names())
-    return {n: "applied" if n in ok else "pending" for n in names()}
+    return {n: "applied" if n in ok else "inactive" if _requires_missing(n) else "pending" for n in names()}
+
+
+def expected_before_import() -> dict[str, str]:
+    """Each patch's state after ``apply()`` with nothing of AITER imported yet."""
+    return {n: "inactive" if _requires_missing(n) else "pending" for n in names()}
+
+
+def _requires_missing(name: str) -> bool:
+    req = patch(name).requires
+    return req is not None and not registry._installed(req)
 
 
 def outermost_at(location: str) -> str:

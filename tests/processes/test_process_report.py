@@ -42,7 +42,8 @@ def test_one_summary_when_pending_patches_apply_at_import(fresh_report, caplog, 
     names = registry_view.names()
     with caplog.at_level(logging.INFO, logger="aiter_patches"), use_stub_aiter():
         aiter_patches.apply()  # aiter is imported, its submodules the package does not import are not
-        first_states = {n: ("applied" if all(m in sys.modules for m in registry_view.modules(n)) else "pending")
+        before = registry_view.expected_before_import()
+        first_states = {n: ("applied" if all(m in sys.modules for m in registry_view.modules(n)) else before[n])
                         for n in names}
         first = lines(caplog, SUMMARY)
         waiting = sorted({m for n in _by_state(names, first_states, "pending") for m in registry_view.modules(n)
@@ -71,7 +72,8 @@ def test_a_process_without_aiter_logs_at_debug_only(fresh_report, caplog):
     with caplog.at_level(logging.DEBUG, logger="aiter_patches"):
         aiter_patches.apply()
     (record,) = [r for r in caplog.records if r.getMessage().startswith(SUMMARY)]
-    assert record.levelno == logging.DEBUG and f"pending {len(registry_view.names())}" in record.getMessage()
+    pending = [n for n, st in registry_view.expected_before_import().items() if st == "pending"]
+    assert record.levelno == logging.DEBUG and f"pending {len(pending)}" in record.getMessage()
 
 
 def test_skipped_and_disabled_are_named(fresh_report, caplog, monkeypatch):
@@ -122,7 +124,7 @@ def test_status_from_log_cli(tmp_path, fresh_report, monkeypatch):
     path.write_text(log)
     as_json = _status_from_log(str(path), "--json")
     assert as_json.returncode == 0, as_json.stderr
-    assert json.loads(as_json.stdout) == {"processes": [record]}
+    assert json.loads(as_json.stdout) == {"processes": [record], "stats": {}}
     text = _status_from_log("-", stdin=log)
     assert text.returncode == 0
     assert text.stdout.strip() == process_report.summary_line(record).removeprefix("aiter_patches: ")

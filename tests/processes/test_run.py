@@ -11,7 +11,7 @@ from helpers import registry_view
 
 from .procs import ROOT, env, python, records, run_cmd, states, summaries
 
-PENDING_ALL = {name: "pending" for name in registry_view.names()}  # nothing of AITER imported yet
+PENDING_ALL = registry_view.expected_before_import()  # nothing of AITER imported yet
 SHOW_STATES = ("import aiter_patches, sys; "
                "print({p['name']: p['state'] for p in aiter_patches.status()['patches']}); "
                "print(sys.modules['sitecustomize'].__file__)")
