@@ -151,6 +151,11 @@ def install_leaves(aiter) -> None:
         setattr(quant, attr, recorded(attr, getattr(quant, attr)))
     for attr in ("ck_moe_stage1_fwd", "ck_moe_stage2_fwd", "moe_cktile2stages_gemm1", "moe_cktile2stages_gemm2"):
         setattr(aiter, attr, recorded(attr, getattr(aiter, attr)))
+    flydsl = importlib.import_module("aiter.ops.flydsl.moe_kernels")
+    for attr in ("flydsl_silu_and_mul_interleaved", "flydsl_swiglu_and_mul_interleaved"):
+        if not hasattr(flydsl, attr):
+            raise RuntimeError(f"aiter.ops.flydsl.moe_kernels.{attr} is gone: update the harness's leaf table")
+        setattr(flydsl, attr, recorded(attr, getattr(moe_op, attr)))
     core = sys.modules["aiter.jit.core"]
     for attr in ("get_module", "get_args_of_build", "build_module"):
         setattr(core, attr, _tripwire(attr))
@@ -163,5 +168,6 @@ def install_stand_in_recorders(aiter) -> None:
         setattr(quant, attr, recorded(attr, getattr(quant, attr)))
     for attr in ("moe_sorting_opus_fwd", "moe_sorting_fwd", "ck_moe_stage1_fwd", "ck_moe_stage2_fwd",
                  "moe_cktile2stages_gemm1", "moe_cktile2stages_gemm2", "moe_stage1_g1u1", "silu_and_mul",
-                 "gelu_and_mul", "swiglu_and_mul"):
+                 "gelu_and_mul", "swiglu_and_mul", "flydsl_silu_and_mul_interleaved",
+                 "flydsl_swiglu_and_mul_interleaved"):
         setattr(aiter, attr, recorded(attr, getattr(aiter, attr)))

@@ -98,8 +98,11 @@ def _run_one(aiter, case, gfx, patched):
 
     import aiter_patches
 
+    import time
+
     args, kwargs, addend = _build(aiter, case, gfx)
     chain.CALLS.clear()
+    t0 = time.perf_counter()
     out = {"calls": None, "exc": None, "tensor": None}
     try:
         if case["addend"] and patched:
@@ -119,6 +122,8 @@ def _run_one(aiter, case, gfx, patched):
         out["exc"] = f"{type(exc).__name__}: {exc}"[:400]
         out["traceback"] = traceback.format_exc()[-3000:]
     out["calls"] = list(chain.CALLS)
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    print(f"{case['name']} patched={patched} {out['seconds']}s", file=sys.stderr, flush=True)
     return out
 
 
@@ -164,6 +169,7 @@ def run(aiter, selected, gfx):
             "stats": registry.stats(),
             "predicted": predicted,
             "extension_sorts": p.get("extension_sorts"),
+            "seconds": [u["seconds"], p["seconds"]],
         }
     report["tripped"] = list(chain.TRIPPED)
     return report
@@ -183,13 +189,15 @@ def main(argv):
         os.environ["AITER_STUB_GFX"] = gfx
         from aiter_patches.testing import use_stub_aiter
 
-        use_stub_aiter().__enter__()
+        scope = use_stub_aiter()  # held for the life of this process
+        scope.__enter__()
         import aiter
         import aiter.fused_moe  # noqa: F401
 
         chain.install_stand_in_recorders(aiter)
     report = run(aiter, selected, gfx)
-    print("RESULT " + json.dumps(report))
+    print("RESULT " + json.dumps(report), flush=True)
+    os._exit(0)  # nothing to tear down in a throw-away process
 
 
 if __name__ == "__main__":

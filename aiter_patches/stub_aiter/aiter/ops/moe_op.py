@@ -23,6 +23,8 @@ __all__ = [
     "silu_and_mul",
     "gelu_and_mul",
     "swiglu_and_mul",
+    "flydsl_silu_and_mul_interleaved",
+    "flydsl_swiglu_and_mul_interleaved",
 ]
 
 
@@ -71,6 +73,23 @@ def gelu_and_mul(out, input):
 def swiglu_and_mul(out, input):
     """gpt-oss SwiGLU: ``gate * sigmoid(1.702 gate) * (up + 1)``, clamped at 7."""
     _gated(out, input, _swiglu)
+
+
+def _interleaved(input, out, fn, lanes=16):
+    """Gate/up rows interleaved in ``lanes``-wide blocks (AITER's preshuffled fp4 split-K layout)."""
+    n = out.shape[-1]
+    x = input.reshape(-1, n // lanes, 2, lanes).float()
+    out.reshape(-1, n).copy_(fn(x[:, :, 0, :].reshape(-1, n), x[:, :, 1, :].reshape(-1, n)))
+
+
+def flydsl_silu_and_mul_interleaved(input, out, sorted_token_ids, num_valid_ids, token_num, topk, quant_mode="none",
+                                    gui_layout=True):
+    """AITER ``aiter.ops.flydsl.moe_kernels.flydsl_silu_and_mul_interleaved`` (a FlyDSL kernel there)."""
+    _interleaved(input, out, lambda g, u: torch.nn.functional.silu(g) * u)
+
+
+def flydsl_swiglu_and_mul_interleaved(input, out):
+    _interleaved(input, out, _swiglu)
 
 
 _ACT = {ActivationType.Silu: silu_and_mul, ActivationType.Gelu: gelu_and_mul, ActivationType.Swiglu: swiglu_and_mul}
