@@ -64,6 +64,35 @@ def cases() -> list[dict]:
                      shuffled=False))
     out.append(_case("mxfp4-swiglu-interleave-m256", tokens=257, experts=8, topk=2, activation="Swiglu",
                      gate_mode="interleave", gfx=("gfx950",), expect="quant"))
-    out.append(_case("mxfp4-swiglu-interleave-m256-gfx942", tokens=257, experts=8, topk=2, activation="Swiglu",
+    out.append(_case("mxfp4-swiglu-interleave-m256-gfx942", tokens=257, experts=32, topk=2, activation="Swiglu",
                      gate_mode="interleave", gfx=("gfx942",), expect="sort"))
     return out
+
+
+# Issue 18's server call patterns: (pattern, case that replays it, expected outcome, why).
+# README "What is proven against real AITER" prints the same table.
+PREDICTIONS = [
+    ("SGLang Quark MXFP4 W4A4 (DeepSeek-R1/V3), TP, decode", "mxfp4-untuned-t3-e16-k4", "quant fp4",
+     "stage 1 quantizes to MXFP4 (fused_dynamic_mxfp4_quant_moe_sort): the sort hands it back"),
+    ("SGLang / vLLM Quark MXFP4 W4A4, EP (expert_mask of E+1 with a sentinel)", "mxfp4-ep", "quant fp4",
+     "the same quant; the sort drops the masked experts' pairs"),
+    ("SGLang online MXFP4, prefill (257 tokens)", "mxfp4-untuned-t257-e32-k2", "quant fp4",
+     "the same quant, large-M split path (quant + scale sort) replaced too"),
+    ("MXFP4 with preshuffled weights and ksplit > 1 (untuned decode, no FlyDSL)", "mxfp4-preshuffled-ksplit",
+     "AITER (counted)", "CK-Tile split-K stage 1 runs on bf16: no quant to fuse, and AITER's one-shot sort is "
+     "one launch already: the sort-only path would save nothing"),
+    ("SGLang MXFP8 / vLLM MXFP8 MoE (w8a8)", "mxfp8-untuned-t3-e16-k4", "quant fp8",
+     "MXFP8 weights: stage 1 quantizes to MXFP8 (fused_dynamic_mxfp8_quant_moe_sort)"),
+    ("gpt-oss MXFP4, Swiglu with interleaved gates, M >= 256, gfx950", "mxfp4-swiglu-interleave-m256", "quant fp8",
+     "AITER quantizes stage 1 to MXFP8 on gfx950 from AITER_BF16_FP8_MOE_BOUND (256) tokens"),
+    ("gpt-oss MXFP4, Swiglu with interleaved gates, M >= 256, gfx942", "mxfp4-swiglu-interleave-m256-gfx942",
+     "sort only", "bf16 stage 1 (no quant); AITER's sort takes two launches here, the one-launch sort one"),
+    ("Swiglu with separated gates, M >= 256", "mxfp4-swiglu-separated-m256", "quant fp4",
+     "from GPTOSS_SWIGLU_MXFP4_BF16_BOUND (256) tokens AITER quantizes stage 1 to MXFP4"),
+    ("Swiglu (separated), M < 256, AITER's sort one-shot", "mxfp4-swiglu-separated-small-m-oneshot-sort",
+     "AITER (counted)", "bf16 stage 1; AITER's one-shot sort already zero-fills moe_buf in one launch"),
+    ("Swiglu (separated), M < 256, AITER's sort multi-phase", "mxfp4-swiglu-separated-small-m-two-launch-sort",
+     "sort only", "bf16 stage 1; AITER's sort takes two launches, the one-launch sort one"),
+    ("pre-quantized dispatch (vLLM MoRI/DeepEP): a1_scale given, num_local_tokens", "mxfp4-prequant-dispatch-a1-scale",
+     "quant fp4", "bf16 activations: AITER ignores a1_scale at stage 1 and quantizes (num_rows=num_local_tokens)"),
+]

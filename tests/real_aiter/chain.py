@@ -38,6 +38,18 @@ class CompiledOpReached(RuntimeError):
     """A compiled AITER op that the CPU harness did not replace was called."""
 
 
+class _FlyDslKernels(types.ModuleType):
+    """Stands for ``aiter.ops.flydsl.moe_kernels`` where FlyDSL is not installed: only the ops the
+    harness replaces; any other name is a compiled op the harness does not know."""
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        TRIPPED.append(f"flydsl:{attr}")
+        raise CompiledOpReached(f"FlyDSL op aiter.ops.flydsl.moe_kernels.{attr} reached: not replaced by the CPU "
+                                "harness (tests/real_aiter/chain.py)")
+
+
 def stub_ops():
     """The stand-in's leaf kernels and MoE ops as package ``_aiter_patches_stub_ops`` (not ``aiter``)."""
     name = "_aiter_patches_stub_ops"
@@ -89,6 +101,14 @@ def import_real_aiter(tree: Path, gfx: str, cu_num: int, rocm_home: Path):
     return aiter
 
 
+def _live(sorted_ids, sorted_expert_ids, num_valid_ids, block_m):
+    """The sorted slots and blocks below ``num_valid_ids[0]`` (the leaf kernels skip the rest; at
+    tuned-row shapes, 256 experts, computing them all would cost gigabytes). Test-only: reads the device."""
+    n = int(num_valid_ids[0])
+    blocks = min(-(-n // int(block_m)), sorted_expert_ids.shape[0])
+    return sorted_ids[: max(blocks, 1) * int(block_m)], sorted_expert_ids[: max(blocks, 1)]
+
+
 def install_leaves(aiter) -> None:
     """Replace the compiled ops on ``fused_moe``'s MX path; every other compiled op trips."""
     leaf, moe_op = stub_ops()
@@ -105,6 +125,7 @@ def install_leaves(aiter) -> None:
     def ck_moe_stage1(hidden_states, w1, w2, sorted_token_ids, sorted_expert_ids, num_valid_ids, out, topk,
                       kernelName=None, w1_scale=None, a1_scale=None, block_m=32, sorted_weights=None, quant_type=0,
                       activation=0, splitk=1, use_non_temporal_load=False, dst_type=None, is_shuffled=True):
+        sorted_token_ids, sorted_expert_ids = _live(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m)
         moe_op.ck_moe_stage1_fwd(hidden_states, w1, w2, sorted_token_ids, sorted_expert_ids, num_valid_ids, out,
                                  topk, w1_scale=w1_scale, a1_scale=a1_scale, block_m=block_m,
                                  sorted_weights=sorted_weights, activation=activation)
@@ -112,6 +133,7 @@ def install_leaves(aiter) -> None:
     def ck_moe_stage2(inter_states, w1, w2, sorted_token_ids, sorted_expert_ids, num_valid_ids, out, topk,
                       kernelName=None, w2_scale=None, a2_scale=None, block_m=32, sorted_weights=None, quant_type=0,
                       activation=0, splitk=1, use_non_temporal_load=False, dst_type=None, is_shuffled=True):
+        sorted_token_ids, sorted_expert_ids = _live(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m)
         moe_op.ck_moe_stage2_fwd(inter_states, w1, w2, sorted_token_ids, sorted_expert_ids, num_valid_ids, out, topk,
                                  w2_scale=w2_scale, a2_scale=a2_scale, block_m=block_m, sorted_weights=sorted_weights)
 
@@ -119,10 +141,17 @@ def install_leaves(aiter) -> None:
         def compiled(XQ, WQ, Y, sorted_ids, sorted_expert_ids, max_token_ids, topk, n_padded_zeros=0,
                      k_padded_zeros=0, topk_weight=None, x_scale=None, w_scale=None, exp_bias=None, activation=0,
                      block_m=32, split_k=1, kernel_name=""):
+            sorted_ids, sorted_expert_ids = _live(sorted_ids, sorted_expert_ids, max_token_ids, block_m)
             return fn(XQ, WQ, Y, sorted_ids, sorted_expert_ids, max_token_ids, topk, topk_weight=topk_weight,
                       x_scale=x_scale, w_scale=w_scale, activation=activation, block_m=block_m, split_k=split_k)
 
         return compiled
+
+    def asm_stage1(input, w1, w2, sorted_token_ids, sorted_expert_ids, num_valid_ids, out, inter_dim, kernelName,
+                   block_m, *args, **kwargs):
+        sorted_token_ids, sorted_expert_ids = _live(sorted_token_ids, sorted_expert_ids, num_valid_ids, block_m)
+        return moe_op.moe_stage1_g1u1(input, w1, w2, sorted_token_ids, sorted_expert_ids, num_valid_ids, out,
+                                      inter_dim, kernelName, block_m, *args, **kwargs)
 
     # (module, name the caller looks up, CPU implementation, recorded name: the chain-level op)
     compiled = [
@@ -137,7 +166,7 @@ def install_leaves(aiter) -> None:
         (moe, "ck_moe_stage2", ck_moe_stage2, None),
         (moe, "moe_cktile2stages_gemm1_ck", cktile(moe_op.moe_cktile2stages_gemm1), None),
         (moe, "moe_cktile2stages_gemm2_ck", cktile(moe_op.moe_cktile2stages_gemm2), None),
-        (aiter, "moe_stage1_g1u1", moe_op.moe_stage1_g1u1, "moe_stage1_g1u1"),
+        (aiter, "moe_stage1_g1u1", asm_stage1, "moe_stage1_g1u1"),
         (aiter, "silu_and_mul", moe_op.silu_and_mul, "silu_and_mul"),
         (aiter, "gelu_and_mul", moe_op.gelu_and_mul, "gelu_and_mul"),
         (aiter, "swiglu_and_mul", moe_op.swiglu_and_mul, "swiglu_and_mul"),
@@ -151,7 +180,13 @@ def install_leaves(aiter) -> None:
         setattr(quant, attr, recorded(attr, getattr(quant, attr)))
     for attr in ("ck_moe_stage1_fwd", "ck_moe_stage2_fwd", "moe_cktile2stages_gemm1", "moe_cktile2stages_gemm2"):
         setattr(aiter, attr, recorded(attr, getattr(aiter, attr)))
-    flydsl = importlib.import_module("aiter.ops.flydsl.moe_kernels")
+    try:
+        flydsl = importlib.import_module("aiter.ops.flydsl.moe_kernels")
+    except ModuleNotFoundError:  # it imports the FlyDSL compiler at import: a module of compiled ops
+        flydsl = _FlyDslKernels("aiter.ops.flydsl.moe_kernels")
+        flydsl.flydsl_silu_and_mul_interleaved = flydsl.flydsl_swiglu_and_mul_interleaved = None
+        sys.modules[flydsl.__name__] = flydsl
+        setattr(sys.modules["aiter.ops.flydsl"], "moe_kernels", flydsl)
     for attr in ("flydsl_silu_and_mul_interleaved", "flydsl_swiglu_and_mul_interleaved"):
         if not hasattr(flydsl, attr):
             raise RuntimeError(f"aiter.ops.flydsl.moe_kernels.{attr} is gone: update the harness's leaf table")

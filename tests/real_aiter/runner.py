@@ -172,6 +172,7 @@ def run(aiter, selected, gfx):
             "seconds": [u["seconds"], p["seconds"]],
         }
     report["tripped"] = list(chain.TRIPPED)
+    report["aiter_file"] = str(Path(aiter.__file__).resolve())
     return report
 
 
@@ -196,6 +197,7 @@ def main(argv):
 
         chain.install_stand_in_recorders(aiter)
     report = run(aiter, selected, gfx)
+    report["tree"] = str(Path(argv[1]).resolve()) if backend == "real" else str(Path(aiter.__file__).resolve().parent)
     print("RESULT " + json.dumps(report), flush=True)
     os._exit(0)  # nothing to tear down in a throw-away process
 

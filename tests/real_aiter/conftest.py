@@ -1,0 +1,105 @@
+"""Where the real AITER comes from, and one throw-away subprocess per (backend, faked chip).
+
+An AITER source tree, in this order: ``AITER_PATCHES_TEST_AITER_SRC`` (any
+checkout or export: a folder holding ``aiter/`` and ``csrc/``), else the fixture
+``../shared/fixtures/aiter-e4048607a5.tar.xz`` next to this clone, unpacked once
+per session into a temporary directory (never into the repo), else the tests
+skip and say how to provide one. The cases run in ``runner.py`` subprocesses
+(real AITER and the stand-in must never enter the test runner); their results
+are cached for the session, so every test module reads the same runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ENV = "AITER_PATCHES_TEST_AITER_SRC"
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO.parent / "shared" / "fixtures" / "aiter-e4048607a5.tar.xz"
+RUNNER = Path(__file__).resolve().parent / "runner.py"
+CHIPS = {"gfx942": 304, "gfx950": 256}  # compute units of MI300X and MI355X
+TIMEOUT_S = 600
+
+
+def _tree_root(path: Path) -> Path | None:
+    for cand in (path, path.parent):
+        if (cand / "aiter" / "__init__.py").is_file() and (cand / "csrc").is_dir():
+            return cand
+    return None
+
+
+@pytest.fixture(scope="session")
+def aiter_tree(tmp_path_factory) -> Path:
+    given = os.environ.get(ENV)
+    if given:
+        root = _tree_root(Path(given))
+        if root is None:
+            pytest.fail(f"{ENV}={given} holds no aiter/__init__.py and csrc/ (an AITER checkout or export)")
+        return root
+    if FIXTURE.is_file():
+        dest = tmp_path_factory.mktemp("aiter_src")
+        with tarfile.open(FIXTURE) as tf:
+            tf.extractall(dest, filter="data")
+        root = _tree_root(dest) or next((_tree_root(p) for p in dest.iterdir() if p.is_dir()), None)
+        if root is None:
+            pytest.fail(f"{FIXTURE} unpacked to {dest} but holds no aiter/ + csrc/")
+        return root
+    pytest.skip(f"no AITER source tree: set {ENV} to an AITER checkout, or provide the fixture {FIXTURE}")
+
+
+_RESULTS: dict = {}
+
+
+def _run(argv: list[str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AITER")}
+    env["TRITON_INTERPRET"] = os.environ.get("TRITON_INTERPRET", "1")
+    env["AITER_LOG_LEVEL"] = "WARNING"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(RUNNER), *argv], capture_output=True, text=True, env=env,
+                          timeout=TIMEOUT_S)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        pytest.fail(f"runner {argv[:3]} failed (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="session")
+def real_chain(aiter_tree, tmp_path_factory):
+    """``real_chain(gfx)``: the runner's report of every case on real AITER, faked ``gfx``."""
+
+    def get(gfx: str) -> dict:
+        key = ("real", gfx)
+        if key not in _RESULTS:
+            home = tmp_path_factory.mktemp(f"rocm_{gfx}")
+            _RESULTS[key] = _run(["real", str(aiter_tree), gfx, str(CHIPS[gfx]), str(home)])
+        return _RESULTS[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def stand_in_chain():
+    """``stand_in_chain(gfx)``: the same cases on the stand-in AITER (with the same compute-unit count)."""
+
+    def get(gfx: str) -> dict:
+        key = ("stub", gfx)
+        if key not in _RESULTS:
+            old = os.environ.get("CU_NUM")
+            os.environ["CU_NUM"] = str(CHIPS[gfx])
+            try:
+                _RESULTS[key] = _run(["stub", gfx])
+            finally:
+                if old is None:
+                    os.environ.pop("CU_NUM")
+                else:
+                    os.environ["CU_NUM"] = old
+        return _RESULTS[key]
+
+    return get
