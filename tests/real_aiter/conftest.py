@@ -22,7 +22,7 @@ import pytest
 
 ENV = "AITER_PATCHES_TEST_AITER_SRC"
 REPO = Path(__file__).resolve().parents[2]
-FIXTURE = REPO.parent / "shared" / "fixtures" / "aiter-e4048607a5.tar.xz"
+FIXTURE_NAME = "aiter-e4048607a5.tar.xz"
 RUNNER = Path(__file__).resolve().parent / "runner.py"
 CHIPS = {"gfx942": 304, "gfx950": 256}  # compute units of MI300X and MI355X
 TIMEOUT_S = 600
@@ -43,15 +43,30 @@ def aiter_tree(tmp_path_factory) -> Path:
         if root is None:
             pytest.fail(f"{ENV}={given} holds no aiter/__init__.py and csrc/ (an AITER checkout or export)")
         return root
-    if FIXTURE.is_file():
+    fixture = _fixture()
+    if fixture.is_file():
         dest = tmp_path_factory.mktemp("aiter_src")
-        with tarfile.open(FIXTURE) as tf:
+        with tarfile.open(fixture) as tf:
             tf.extractall(dest, filter="data")
         root = _tree_root(dest) or next((_tree_root(p) for p in dest.iterdir() if p.is_dir()), None)
         if root is None:
-            pytest.fail(f"{FIXTURE} unpacked to {dest} but holds no aiter/ + csrc/")
+            pytest.fail(f"{fixture} unpacked to {dest} but holds no aiter/ + csrc/")
         return root
-    pytest.skip(f"no AITER source tree: set {ENV} to an AITER checkout, or provide the fixture {FIXTURE}")
+    pytest.skip(f"no AITER source tree: set {ENV} to an AITER checkout, or provide the fixture {fixture}")
+
+
+def _fixture() -> Path:
+    """``../shared/fixtures/<name>`` beside this clone; for a git worktree, also beside its main clone."""
+    roots = [REPO]
+    try:
+        common = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--git-common-dir"], capture_output=True,
+                                text=True, timeout=30).stdout.strip()
+        if common:
+            roots.append((REPO / common).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    cands = [r.parent / "shared" / "fixtures" / FIXTURE_NAME for r in roots]
+    return next((c for c in cands if c.is_file()), cands[0])
 
 
 _RESULTS: dict = {}

@@ -93,6 +93,25 @@ def _extension():
     return Watching()
 
 
+def _unpatched_with_addend_in_moe_buf(aiter, args, kwargs, addend):
+    """The fold's bitwise reference (README, ``moe_addend_fold``): AITER's own call with ``moe_buf``
+    starting from the addend instead of zeros (copied right after AITER's sort)."""
+    fm = aiter.fused_moe
+    sort = fm._moe_sorting_impl
+
+    def sort_then_addend(*a, **k):
+        out = sort(*a, **k)
+        if out[4].numel():
+            out[4].copy_(addend)
+        return out
+
+    fm._moe_sorting_impl = sort_then_addend
+    try:
+        return fm.fused_moe(*args, **kwargs)
+    finally:
+        fm._moe_sorting_impl = sort
+
+
 def _run_one(aiter, case, gfx, patched):
     import torch
 
@@ -112,10 +131,10 @@ def _run_one(aiter, case, gfx, patched):
             with aiter_patches.sort_extension(ext):
                 res = aiter.fused_moe.fused_moe(*args, **kwargs)
             out["extension_sorts"] = ext.sorts
+        elif case["addend"]:
+            res = _unpatched_with_addend_in_moe_buf(aiter, args, kwargs, addend)
         else:
             res = aiter.fused_moe.fused_moe(*args, **kwargs)
-            if case["addend"]:
-                res = res + addend
         rows = case["num_local_tokens"] if case["num_local_tokens"] is not None else res.shape[0]
         out["tensor"] = res[:rows].contiguous().view(torch.uint8).clone()
     except Exception as exc:  # noqa: BLE001 - the exception type is part of the result
