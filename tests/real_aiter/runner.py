@@ -164,7 +164,8 @@ def run(aiter, selected, gfx):
     import aiter_patches
     from aiter_patches import registry
 
-    table = [c for c in case_table.cases() if gfx in c["gfx"] and (not selected or c["name"] in selected)]
+    table = [c for c in case_table.cases() if gfx in c["gfx"] and (not selected or c["name"] in selected)
+             and not (c["tuned"] and getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False))]  # no tuned CSVs there
     unpatched = {c["name"]: _run_one(aiter, c, gfx, patched=False) for c in table}
     applied = aiter_patches.apply()
     report = {"apply": {n: r["state"] for n, r in applied.items()},
