@@ -224,10 +224,11 @@ def aiter_sort_launches(tokens: int, num_experts: int, topk: int, dispatch_polic
     ``moe_buf`` itself; dispatch policy 1 forces it), else the multi-phase kernels: two below
     2048 tokens (P0 + P23), four from 2048 (workspace clear, P0, P1, P23). The workspace size
     is AITER's own answer (the host function ``_moe_sorting_impl`` calls anyway), cached per shape."""
-    key = (int(tokens), int(num_experts), int(topk), int(dispatch_policy))
+    fn = moe_call.aiter_module().moe_sorting_opus_get_workspace_size
+    key = (fn, int(tokens), int(num_experts), int(topk), int(dispatch_policy))
     ws = _OPUS_WORKSPACE.get(key)
     if ws is None:
-        ws = int(moe_call.aiter_module().moe_sorting_opus_get_workspace_size(*key))
+        ws = int(fn(*key[1:]))
         _OPUS_WORKSPACE[key] = ws
     if ws == 0:
         return 1

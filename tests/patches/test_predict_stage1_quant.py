@@ -67,6 +67,7 @@ def test_bypass_switch_is_aiters_import_time_value(stub, monkeypatch):
     assert msq.predict_stage1_quant(b) is None
 
 
+@pytest.mark.real_sort_launches
 def test_sort_launch_counts_follow_aiters_opus_dispatch(stub):
     assert msq.aiter_sort_launches(16, 8, 2, 0) == 1  # one-shot (workspace 0)
     assert msq.aiter_sort_launches(16, 8, 2, 1) == 1  # policy 1 forces the single kernel
@@ -74,6 +75,7 @@ def test_sort_launch_counts_follow_aiters_opus_dispatch(stub):
     assert msq.aiter_sort_launches(4096, 64, 2, 0) == 4
 
 
+@pytest.mark.real_sort_launches
 def test_sort_only_runs_only_where_it_saves_launches(stub):
     import aiter_patches
 

@@ -69,52 +69,66 @@ def _fixture() -> Path:
     return next((c for c in cands if c.is_file()), cands[0])
 
 
+_PROCS: dict = {}
 _RESULTS: dict = {}
 
 
-def _run(argv: list[str]) -> dict:
+def _start(key, argv: list[str], cu_num: int, logs: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AITER")}
     env["TRITON_INTERPRET"] = os.environ.get("TRITON_INTERPRET", "1")
     env["AITER_LOG_LEVEL"] = "WARNING"
+    env["CU_NUM"] = str(cu_num)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(RUNNER), *argv], capture_output=True, text=True, env=env,
-                          timeout=TIMEOUT_S)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(f"runner {argv[:3]} failed (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    out, err = logs / f"{key[0]}-{key[1]}.out", logs / f"{key[0]}-{key[1]}.err"
+    with open(out, "w") as fo, open(err, "w") as fe:  # files, not pipes: four children write at once
+        proc = subprocess.Popen([sys.executable, str(RUNNER), *argv], stdout=fo, stderr=fe, text=True, env=env)
+    _PROCS[key] = (argv, proc, out, err)
+
+
+def _result(key) -> dict:
+    if key not in _RESULTS:
+        argv, proc, out_path, err_path = _PROCS[key]
+        try:
+            proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"runner {argv[:3]} ran past {TIMEOUT_S} s:\n{err_path.read_text()[-4000:]}")
+        out, err = out_path.read_text(), err_path.read_text()
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            pytest.fail(f"runner {argv[:3]} failed (rc={proc.returncode}):\n{out[-2000:]}\n{err[-6000:]}")
+        _RESULTS[key] = json.loads(lines[-1][len("RESULT "):])
+    return _RESULTS[key]
 
 
 @pytest.fixture(scope="session")
-def real_chain(aiter_tree, tmp_path_factory):
+def _chains(request, tmp_path_factory):
+    """Starts the runs (real AITER when a tree is there, and the stand-in, x gfx942 / gfx950) at once."""
+    if not _PROCS:
+        logs = tmp_path_factory.mktemp("real_aiter_runs")
+        try:
+            tree = request.getfixturevalue("aiter_tree")
+        except pytest.skip.Exception:
+            tree = None
+        for gfx, cu in CHIPS.items():
+            if tree is not None:
+                home = tmp_path_factory.mktemp(f"rocm_{gfx}")
+                _start(("real", gfx), ["real", str(tree), gfx, str(cu), str(home)], cu, logs)
+            _start(("stub", gfx), ["stub", gfx], cu, logs)
+    yield
+    for _, proc, _, _ in _PROCS.values():
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def real_chain(aiter_tree, _chains):
     """``real_chain(gfx)``: the runner's report of every case on real AITER, faked ``gfx``."""
-
-    def get(gfx: str) -> dict:
-        key = ("real", gfx)
-        if key not in _RESULTS:
-            home = tmp_path_factory.mktemp(f"rocm_{gfx}")
-            _RESULTS[key] = _run(["real", str(aiter_tree), gfx, str(CHIPS[gfx]), str(home)])
-        return _RESULTS[key]
-
-    return get
+    return lambda gfx: _result(("real", gfx))
 
 
 @pytest.fixture(scope="session")
-def stand_in_chain():
+def stand_in_chain(_chains):
     """``stand_in_chain(gfx)``: the same cases on the stand-in AITER (with the same compute-unit count)."""
-
-    def get(gfx: str) -> dict:
-        key = ("stub", gfx)
-        if key not in _RESULTS:
-            old = os.environ.get("CU_NUM")
-            os.environ["CU_NUM"] = str(CHIPS[gfx])
-            try:
-                _RESULTS[key] = _run(["stub", gfx])
-            finally:
-                if old is None:
-                    os.environ.pop("CU_NUM")
-                else:
-                    os.environ["CU_NUM"] = old
-        return _RESULTS[key]
-
-    return get
+    return lambda gfx: _result(("stub", gfx))
