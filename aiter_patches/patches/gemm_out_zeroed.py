@@ -12,7 +12,6 @@ one, is exactly the original call.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from .. import runtime
@@ -29,9 +28,9 @@ def _triton():
 
 
 def _aiter_root() -> str | None:
-    mod = sys.modules.get("aiter")
-    f = getattr(mod, "__file__", None)
-    return os.path.dirname(f) if f else None
+    from ..kernels import hip_blockscale_asm as hip
+
+    return hip.aiter_root_of(sys.modules.get("aiter"))  # AITER's .co files are not inside its package
 
 
 def _wrapper(inner, site):
@@ -47,6 +46,10 @@ def _wrapper(inner, site):
             return inner(*args, **kwargs)
         if bound.get("bias") is not None:
             counters.fallback("bias given")
+            return inner(*args, **kwargs)
+        reason = _autograd_reason(bound["out"])
+        if reason is not None:
+            counters.fallback(reason)
             return inner(*args, **kwargs)
         try:
             launch = _plan(bound)
@@ -65,6 +68,16 @@ def _wrapper(inner, site):
         return bound["out"]
 
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle_asm, inner)
+
+
+def _autograd_reason(out) -> str | None:
+    """AITER writes ``out`` in place through a custom op, which autograd refuses for a tensor that
+    requires grad under grad mode (a leaf raises); the kernel's raw pointer write would not refuse."""
+    import torch
+
+    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+        return "out requires grad under grad mode (AITER's in-place write decides the outcome)"
+    return None
 
 
 def _plan(bound: dict):
@@ -89,7 +102,7 @@ def _plan(bound: dict):
         except ValueError as exc:
             return str(exc)
         reason = runtime.triton_backend_reason(A.device) or k.unsupported_reason(
-            A, B, out, A_scale, B_scale, split, bpreshuffle)
+            A, B, out, A_scale, B_scale, split, bpreshuffle) or k.workspace_reason(A.shape[0], B.shape[0], split)
         if reason is not None:
             return reason
         return lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,
@@ -107,6 +120,9 @@ def _plan(bound: dict):
                            bpreshuffle=bpreshuffle)
     if plan.split <= 1:
         return "split count 1: the original launches no memset"
+    reason = hip.code_object_reason(root, plan.gfx, plan.cfg)
+    if reason is not None:
+        return f"AITER's .co refused: {reason}"
     return lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root)
 
 
