@@ -31,38 +31,120 @@ def _kernel():
     return moe_sort_mx_quant
 
 
+# AITER reads these once, at the import of aiter.fused_moe (fused_moe.py:76-77 at e4048607a5), and
+# keeps them as module globals; they are read from there when present, else as AITER would have.
+_BYPASS_QUANT_AT_IMPORT = os.environ.get("AITER_MOE_A8W4_BYPASS_QUANT", "0") == "1"
+_SWIGLU_BF16_BOUND_AT_IMPORT = int(os.environ.get("GPTOSS_SWIGLU_MXFP4_BF16_BOUND", "256"))
+_PER_128X128, _PER_1X128 = 5, 4
+
+
 def predict_stage1_quant(bound: dict):
     """The MX dtype AITER's ``fused_moe_2stages`` will quantize the stage-1 activations to, or None.
 
-    Mirrors ``_fused_moe_impl``'s ``q_dtype_a`` rule and ``fused_moe_2stages``'
-    branch choice for ``QuantType.per_1x32`` (AITER fused_moe.py:755-800 and
-    3030-3100 at e4048607a5), for the cases the fast path covers.
+    Follows AITER's own decisions for ``QuantType.per_1x32`` (fused_moe.py at e4048607a5):
+    ``_fused_moe_impl``'s ``q_dtype_a`` rule (≈755-800: MXFP8 weights → fp8; Swiglu with
+    separated gates → bf16 below ``GPTOSS_SWIGLU_MXFP4_BF16_BOUND`` tokens, fp4 from it;
+    Swiglu/interleaved gates → fp8 on gfx950 from ``AITER_BF16_FP8_MOE_BOUND`` tokens, else
+    bf16; SiTUv2 → bf16 unless ``AITER_SITUV2_A8W4``/``A4W4``), then the kernel config the
+    same way AITER gets it (``get_2stage_cfgs``, an ``lru_cache`` AITER hits again right
+    after: nothing on the device is read), then ``fused_moe_2stages``' stage-1 branch
+    (≈3050-3110: no quant when the config does not pre-quantize, for bf16 Swiglu/SiTUv2/
+    interleaved stage 1, and for preshuffled fp4 weights with ``ksplit > 1``; the fp8 quant
+    skipped under ``AITER_MOE_A8W4_BYPASS_QUANT``). Activations that arrive quantized
+    (an fp4x2/fp8 ``hidden_states``) are not quantized by stage 1's helper: None.
+    A given ``a1_scale`` with bf16 activations does not stop AITER from quantizing.
     """
     import torch
 
-    if enum_value(bound.get("quant_type", 0)) != _PER_1X32:
+    qt = enum_value(bound.get("quant_type", 0))
+    if qt == _PER_128X128:
+        qt = _PER_1X128
+    if qt != _PER_1X32:
         return None
-    if os.environ.get("AITER_MOE_A8W4_BYPASS_QUANT", "0") == "1":
+    hidden, w1, w2 = bound.get("hidden_states"), bound.get("w1"), bound.get("w2")
+    topk_ids = bound.get("topk_ids")
+    if hidden is None or w1 is None or w2 is None or topk_ids is None:
         return None
-    hidden, w1 = bound.get("hidden_states"), bound.get("w1")
-    if hidden is None or w1 is None or hidden.dtype not in (torch.bfloat16, torch.float16):
-        return None
-    if bound.get("a1_scale") is not None:
-        return None
+    half = (torch.bfloat16, torch.float16)
     out_dtype = bound.get("dtype") or hidden.dtype
-    if out_dtype not in (torch.bfloat16, torch.float16):
+    if hidden.dtype not in half or out_dtype not in half:
         return None
+    fm = moe_call.aiter_module("aiter.fused_moe")
     dtypes = moe_call.aiter_module().dtypes
+    q_dtype_a = _stage1_dtype(fm, dtypes, bound, w1, topk_ids.shape[0])
+    if q_dtype_a not in (dtypes.fp4x2, dtypes.fp8):
+        return None
+    metadata = _kernel_config(fm, bound, q_dtype_a, out_dtype)
+    if metadata is None or getattr(metadata, "run_1stage", False) or not getattr(metadata, "prequant", True):
+        return None
+    shuffled = _is_shuffled(w1) or _is_shuffled(w2)
+    if w1.dtype == dtypes.fp4x2 and q_dtype_a == dtypes.fp4x2 and metadata.ksplit > 1 and shuffled:
+        return None  # CK-Tile split-K stage 1 on the bf16 activations
+    if q_dtype_a == dtypes.fp8:
+        return None if getattr(fm, "_MOE_A8W4_BYPASS_QUANT", _BYPASS_QUANT_AT_IMPORT) else dtypes.fp8
+    return dtypes.fp4x2
+
+
+def _is_shuffled(w) -> bool:
+    return bool(getattr(w, "is_shuffled", False))
+
+
+def _stage1_dtype(fm, dtypes, bound, w1, tokens):
+    """``_fused_moe_impl``'s ``q_dtype_a`` for ``per_1x32`` (None: a path this patch does not model)."""
     if w1.dtype == dtypes.fp8:
         return dtypes.fp8
     if w1.dtype != dtypes.fp4x2:
-        return None
-    if enum_value(bound.get("activation", 0)) in (_SWIGLU, _SITUV2):
-        return None
+        return None  # int4 weights (a16wi4: bf16 stage 1), or a dtype AITER's rule does not name
+    gfx = fm.get_gfx() if hasattr(fm, "get_gfx") else None
+    if gfx == "gfx1250":
+        return None  # its own grouped kernels
+    act = enum_value(bound.get("activation", 0))
     gate = bound.get("gate_mode", "separated")
-    if getattr(gate, "value", gate) != "separated":
-        return None
+    interleaved = getattr(gate, "value", gate) == "interleave"
+    if act == _SITUV2:
+        if os.environ.get("AITER_SITUV2_A8W4", "0") == "1":
+            return dtypes.fp8
+        if os.environ.get("AITER_SITUV2_A4W4", "0") == "1":
+            return dtypes.fp4x2
+        return dtypes.bf16
+    if act == _SWIGLU and not interleaved:
+        bound_m = getattr(fm, "_SWIGLU_MXFP4_BF16_BOUND", _SWIGLU_BF16_BOUND_AT_IMPORT)
+        return dtypes.bf16 if tokens < bound_m else dtypes.fp4x2
+    if act == _SWIGLU or interleaved:
+        if interleaved and _flydsl(fm):
+            return None  # AITER may take its grouped a8w4 kernel before any sort
+        fp8_bound = int(os.environ.get("AITER_BF16_FP8_MOE_BOUND", "256"))
+        return dtypes.bf16 if gfx != "gfx950" or tokens < fp8_bound else dtypes.fp8
     return dtypes.fp4x2
+
+
+def _flydsl(fm) -> bool:
+    try:
+        return bool(fm.is_flydsl_available())
+    except Exception:  # noqa: BLE001 - an unknown answer is "maybe": predict nothing
+        return True
+
+
+def _kernel_config(fm, bound, q_dtype_a, out_dtype):
+    """AITER's ``get_2stage_cfgs`` result for this call, asked exactly as ``_fused_moe_impl`` asks
+    (same positional/keyword layout, so AITER's own ``lru_cache`` answers its next call)."""
+    try:
+        w1, w2, topk_ids = bound["w1"], bound["w2"], bound["topk_ids"]
+        M, topk = topk_ids.shape
+        E, model_dim, inter_dim = fm.get_inter_dim(w1.shape, w2.shape)
+        return fm.get_2stage_cfgs(
+            fm.get_padded_M(M), model_dim, inter_dim, E, topk, out_dtype, q_dtype_a, w1.dtype,
+            fm.QuantType(_PER_1X32), inter_dim != w1.shape[1],
+            fm.ActivationType(enum_value(bound.get("activation", 0))), bool(bound.get("doweight_stage1", False)),
+            bound.get("hidden_pad", 0), bound.get("intermediate_pad", 0), _is_shuffled(w1) or _is_shuffled(w2),
+            fm.GateMode(getattr(bound.get("gate_mode"), "value", bound.get("gate_mode")) or "separated"),
+            is_ep=bound.get("expert_mask") is not None,
+            has_stage2_bias=bound.get("bias2") is not None,
+            opus_weights_shuffled=_is_shuffled(w1) and _is_shuffled(w2),
+            config_file=None,
+        )
+    except Exception:  # noqa: BLE001 - AITER's own call will raise the same; predict nothing
+        return None
 
 
 def _contribute(call, bound, site) -> None:
@@ -108,6 +190,11 @@ def _sort_wrapper(inner, site):
         if reason is not None:
             counters.fallback(reason)
             return inner(*args, **kwargs)
+        if request["quant_input"] is None and request["moe_buf_init"] is None:
+            reason = sort_only_reason(bound, kernel)
+            if reason is not None:
+                counters.fallback(reason)
+                return inner(*args, **kwargs)
         try:
             res = kernel.moe_sort_mx_quant(
                 bound["topk_ids"], bound["topk_weights"], bound["num_experts"], bound["model_dim"],
@@ -130,6 +217,44 @@ def _sort_wrapper(inner, site):
         return (res.sorted_ids, res.sorted_weights, res.sorted_expert_ids, res.num_valid_ids, res.moe_buf)
 
     return moe_call.like(_moe_sorting_impl, inner)
+
+
+_OPUS_WORKSPACE: dict[tuple, int] = {}
+
+
+def aiter_sort_launches(tokens: int, num_experts: int, topk: int, dispatch_policy: int) -> int:
+    """Kernels AITER's opus sort launches (``moe_sorting_opus`` in csrc/include/moe_sorting_opus.h
+    at e4048607a5): one when its workspace size is 0 (the one-shot kernel, which zero-fills
+    ``moe_buf`` itself; dispatch policy 1 forces it), else the multi-phase kernels: two below
+    2048 tokens (P0 + P23), four from 2048 (workspace clear, P0, P1, P23). The workspace size
+    is AITER's own answer (the host function ``_moe_sorting_impl`` calls anyway), cached per shape."""
+    fn = moe_call.aiter_module().moe_sorting_opus_get_workspace_size
+    key = (fn, int(tokens), int(num_experts), int(topk), int(dispatch_policy))
+    ws = _OPUS_WORKSPACE.get(key)
+    if ws is None:
+        ws = int(fn(*key[1:]))
+        _OPUS_WORKSPACE[key] = ws
+    if ws == 0:
+        return 1
+    return 2 if tokens < 2048 else 4
+
+
+def sort_only_reason(bound: dict, kernel) -> str | None:
+    """Why the one-launch sort alone (no quant handed back, no addend written) would save nothing, or None.
+
+    It replaces AITER's sort launches (which already zero-fill ``moe_buf``) with its own:
+    worth it only where it launches fewer kernels.
+    """
+    M, topk = bound["topk_ids"].shape
+    ours = 1 if M * topk <= kernel.ONE_LAUNCH_MAX_PAIRS else 4
+    try:
+        theirs = aiter_sort_launches(M, bound["num_experts"], topk, bound.get("dispatch_policy", 0) or 0)
+    except Exception:  # noqa: BLE001 - AITER cannot say: do not replace its sort for nothing
+        return "sort only: AITER's opus sort launch count unknown (moe_sorting_opus_get_workspace_size failed)"
+    if ours >= theirs:
+        return (f"sort only, nothing saved: AITER's opus sort takes {theirs} launch(es), "
+                f"the one-launch sort {ours}")
+    return None
 
 
 def python_level_reason(bound: dict) -> str | None:

@@ -43,3 +43,14 @@ def test_workflow_checks_out_aiter_main_and_runs_drift_on_it():
 def test_the_command_it_runs_is_a_declared_console_script():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["aiter-patches"] == "aiter_patches.cli:main"
+
+
+def test_workflow_runs_the_real_aiter_chain_tests_on_aiter_main_nightly():
+    text = WORKFLOW.read_text()
+    job = text.split("\n  real-aiter-chain:", 1)[1]
+    assert re.search(r"if:\s*github\.event_name != 'pull_request'", job)  # nightly / on demand
+    m = re.search(r"repository:\s*ROCm/aiter\s*\n\s*ref:\s*main\s*\n\s*path:\s*(\S+)", job)
+    assert m, "the job must check out ROCm/aiter at main"
+    assert re.search(r"AITER_PATCHES_TEST_AITER_SRC:\s*\$\{\{ github\.workspace \}\}/" + re.escape(m.group(1)), job)
+    assert any(c.endswith("pytest -q tests/real_aiter") for c in run_commands(job))
+    assert (ROOT / "tests" / "real_aiter" / "conftest.py").read_text().count("AITER_PATCHES_TEST_AITER_SRC") >= 1

@@ -82,6 +82,10 @@ def make_rocm_home(root: Path, gfx: str = GFX, compute_units: int = COMPUTE_UNIT
     return root
 
 
+def _pybind_enum_str(member) -> str:
+    return f"{type(member).__name__}.{member.name}"
+
+
 def enum_module(name: str) -> types.ModuleType:
     """The C++ enum module AITER JIT-builds, as IntEnums with AITER's member values."""
     mod = types.ModuleType(name)
@@ -98,6 +102,9 @@ def enum_module(name: str) -> types.ModuleType:
     for cls in (mod.ActivationType, mod.QuantType, mod.MlaVersion):
         # AITER's compile_ops tells a pybind11 enum from a function by this docstring prefix.
         cls.__doc__ = "Members:\n\n" + "\n".join(f"  {m.name}" for m in cls)
+        # pybind11 enums print as "QuantType.per_1x32"; IntEnum prints the number on Python >= 3.11,
+        # and AITER builds its tuned-config keys with str(q_type) (get_2stage_cfgs).
+        cls.__str__ = _pybind_enum_str
     mod.__file__ = f"<aiter_patches fake {name}>"
     mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
     return mod

@@ -10,12 +10,23 @@ from helpers import registry_view
 
 
 @pytest.fixture
-def stub():
-    """The stand-in ``aiter`` package with every module a patch targets imported (the registry says which); no patch applied."""
+def stub(request):
+    """The stand-in ``aiter`` package with every module a patch targets imported (the registry says which); no patch applied.
+
+    Its opus sort reports the multi-phase dispatch (two launches) at every size, so that the one-launch
+    sort without a quant (which runs only where it saves launches) is exercised at these small shapes;
+    tests of that rule itself are marked ``real_sort_launches``.
+    """
     with use_stub_aiter() as aiter:
         for module in sorted({m for n in registry_view.stand_in_names() for m in registry_view.modules(n)}):
             importlib.import_module(module)
+        if request.node.get_closest_marker("real_sort_launches") is None:
+            aiter.moe_sorting_opus_get_workspace_size = _multi_phase_workspace
         yield aiter
+
+
+def _multi_phase_workspace(tokens, num_experts, topk, dispatch_policy=0):
+    return 0 if dispatch_policy == 1 else 128
 
 
 @pytest.fixture

@@ -19,3 +19,4 @@ from .ops.quant import *  # noqa: E402,F401,F403
 from .ops.gemm_op_a8w8 import *  # noqa: E402,F401,F403
 from .ops.moe_sorting import *  # noqa: E402,F401,F403
 from .ops.moe_sorting_opus import *  # noqa: E402,F401,F403
+from .ops.moe_op import *  # noqa: E402,F401,F403
