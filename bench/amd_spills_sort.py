@@ -80,7 +80,7 @@ def compile_stats(fn, args, kw, arch):
 
     return dict(vgpr=field(r"\.vgpr_count:\s+(\d+)"), sgpr=field(r"\.sgpr_count:\s+(\d+)"),
                 sgpr_spill=field(r"\.sgpr_spill_count:\s+(\d+)"), vgpr_spill=field(r"\.vgpr_spill_count:\s+(\d+)"),
-                scratch=field(r"; ScratchSize:\s+(\d+)"), lds=field(r"\.group_segment_fixed_size:\s+(\d+)"),
+                scratch=field(r"; ScratchSize:\s+(\d+)"), lds=ck.metadata.shared,  # dynamic LDS
                 secs=time.time() - t0)
 
 

@@ -50,6 +50,7 @@ CHUNK_PAIRS = 512
 DECODE_MAX_PAIRS = 1024
 DECODE_COMPARE_MAX_PAIRS = 64
 DECODE_MIN_PAIRS_PAD = 16  # fewer variants at tiny batches
+DECODE_TILE = 1024  # elements of a comparison tile (4096 spilled SGPRs on gfx950: bench/amd_spills_sort.py)
 TILE = 8192  # elements of a one-hot counting tile
 ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until about this many
 MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_quant.py tunes these)
@@ -223,7 +224,7 @@ def _max_combine(a, b):
 
 @triton.jit
 def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr, E_BINS: tl.constexpr,
-                    HAS_MASK: tl.constexpr, PP: tl.constexpr, PB: tl.constexpr):
+                    HAS_MASK: tl.constexpr, PP: tl.constexpr, PB: tl.constexpr, CH: tl.constexpr):
     """Sorted positions and segment padding of this token's pairs from a sort of all ``P <= PP``
     pairs by (expert, index): nothing is ``E`` wide. Returns ``(pos, fill, total)``: each pair's
     row in ``sorted_ids``, the padding rows after it (nonzero only for its expert's last pair)
@@ -240,8 +241,14 @@ def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr,
     pad = tl.where(end & (es < E), (run_start - i - 1) & (BLOCK - 1), 0)
     row = i + tl.cumsum(pad, 0) - pad
     total = tl.sum((es < E).to(tl.int32), 0) + tl.sum(pad, 0)
+    # this token's pairs' sorted indices: keys below theirs, counted in [K_PAD, CH] tiles
     key_q = tl.where(keep_q, (eq << PB) | q, 0)
-    sidx = tl.minimum(tl.sum((key[None, :] < key_q[:, None]).to(tl.int32), axis=1), PP - 1)
+    sidx = tl.zeros(eq.shape, tl.int32)
+    for c in tl.static_range(0, PP, CH):
+        kc = c + tl.arange(0, CH)
+        ec, _ = _expert_bins(ids_ptr, mask_ptr, kc, P, E, E_BINS, HAS_MASK)
+        sidx += tl.sum((((ec << PB) | kc)[None, :] < key_q[:, None]).to(tl.int32), axis=1)
+    sidx = tl.minimum(sidx, PP - 1)
     return tl.gather(row, sidx, 0), tl.gather(pad, sidx, 0), total
 
 
@@ -352,7 +359,7 @@ def _sort_quant_kernel(
         # decode: every program sorts the few pairs itself; only an expert mask is read E-wide
         if DECODE == 1:
             pos, fill, total = _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS,
-                                               HAS_MASK, PAIRS_PAD, PAIRS_BITS)
+                                               HAS_MASK, PAIRS_PAD, PAIRS_BITS, CMP_CHUNK)
         else:
             pos, fill, total = _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS,
                                                   HAS_MASK, PAIRS_PAD, CMP_CHUNK)
@@ -692,7 +699,7 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
         pp = max(_next_pow2(pairs), DECODE_MIN_PAIRS_PAD)
         decode = 2 if pp <= DECODE_COMPARE_MAX_PAIRS else 1
     out = dict(DECODE=decode, PAIRS_PAD=pp, PAIRS_BITS=pp.bit_length() - 1,
-               CMP_CHUNK=max(1, min(pp, TILE // 2 // pp)) if decode == 2 else 1)
+               CMP_CHUNK=max(1, min(pp, DECODE_TILE // (pp if decode == 2 else k_pad))) if decode else 1)
     if prescanned or decode:
         return dict(out, COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2)
     return dict(out, **_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)))
