@@ -9,6 +9,15 @@ before its token, and writes its ``topk`` entries of ``sorted_ids``/``sorted_wei
 e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row and its
 ``moe_buf`` row. No program waits for another.
 
+Decode (at most ``DECODE_MAX_PAIRS`` pairs) costs nothing per expert: each program sorts all
+pairs by ``(expert << bits) | pair`` with ``tl.sort`` (or, up to ``DECODE_COMPARE_MAX_PAIRS``,
+compares every pair with every other) and reads segment starts and last pairs from adjacent
+differences of the sorted experts. Segments start at multiples of the block size, so a pair's
+row is its sorted index plus the padding of the segments before it. Only empty experts would
+need an ``E``-wide pass, and they get no block; the one ``E``-wide step left is the EP local-id
+prefix of ``expert_mask``, done only when a mask is given. Above that, each program counts the
+pairs of every expert bin (one-hot sums or a histogram), which grows with ``E``.
+
 Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) take four launches, so that no
 program counts anything: per chunk of tokens, the expert counts and each pair's rank among the
 chunk's earlier pairs of its expert (a sort of the chunk by expert); an exclusive scan of the
