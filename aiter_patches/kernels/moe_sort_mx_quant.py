@@ -253,7 +253,7 @@ def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr,
     # this token's pairs' sorted indices: keys below theirs, counted in [K_PAD, CH] tiles
     key_q = tl.where(keep_q, (eq << PB) | q, 0)
     sidx = tl.zeros(eq.shape, tl.int32)
-    for c in tl.static_range(0, PP, CH):
+    for c in range(0, PP, CH):
         kc = c + tl.arange(0, CH)
         ec, _ = _expert_bins(ids_ptr, mask_ptr, kc, P, E, E_BINS, HAS_MASK)
         sidx += tl.sum((((ec << PB) | kc)[None, :] < key_q[:, None]).to(tl.int32), axis=1)
@@ -271,7 +271,7 @@ def _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constex
     e_all, keep_all = _expert_bins(ids_ptr, mask_ptr, k, P, E, E_BINS, HAS_MASK)
     pad_before = tl.zeros(eq.shape, tl.int32)
     pad_total = 0
-    for c in tl.static_range(0, PP, CH):
+    for c in range(0, PP, CH):
         i = c + tl.arange(0, CH)
         ei, ki = _expert_bins(ids_ptr, mask_ptr, i, P, E, E_BINS, HAS_MASK)
         same = (ei[:, None] == e_all[None, :]) & keep_all[None, :]
