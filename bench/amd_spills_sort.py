@@ -3,8 +3,9 @@
 Why: no AMD GPU is reachable here, but Triton's AMD backend compiles without one. The launcher
 is driven with CPU tensors at each model's decode sizes; its ``_sort_quant_kernel`` launch is
 recorded instead of run (arguments and constexprs), then compiled for each arch and the AMDGPU
-metadata read from the assembly. Shapes past ONE_LAUNCH_MAX_PAIRS (four launches) are skipped. ``--variants old`` shows the per-program expert count that
-the decode path replaced (DECODE_MAX_PAIRS = 0).
+metadata read from the assembly (LDS: the kernel's dynamic shared memory). Shapes past
+ONE_LAUNCH_MAX_PAIRS (four launches) are skipped. ``--variants old`` shows the per-program
+expert count that the decode path replaced (DECODE_MAX_PAIRS = 0).
 
     python bench/amd_spills_sort.py [--arch gfx950,gfx942] [--tokens 1,16,64] [--variants new,old]
 """
