@@ -285,12 +285,14 @@ def test_decode_paths_adversarial(monkeypatch, path):
 @pytest.mark.parametrize("path", ["compare", "sort"])
 def test_decode_paths_sizes(monkeypatch, path):
     """Segments that straddle block edges (skewed routing: long runs of one expert), a batch whose
-    pairs are not a power of two, topk 1, and no token at all (num_local_tokens 0)."""
+    pairs are not a power of two, topk 1, no token at all (num_local_tokens 0) and
+    num_local_tokens past the batch."""
     force_path(monkeypatch, path, 13, 5)
     run(13, 5, 16, 16, N=64, qd=FP4, kind="skewed", seed=4)
     run(13, 5, 40, 32, N=64, qd=None, kind="bad", seed=5, mask=(torch.arange(40, device=DEV) % 5 != 2).to(torch.int32))
     run(7, 1, 8, 16, N=64, qd=FP8NUZ, kind="skewed", semantics="split")
     run(6, 4, 8, 16, N=64, qd=FP4, nlt=torch.tensor([0], dtype=torch.int32, device=DEV), semantics="fused")
+    run(6, 2, 8, 16, N=64, qd=FP4, nlt=torch.tensor([100], dtype=torch.int32, device=DEV))  # past M: as given
 
 
 def test_decode_path_choice(monkeypatch):
