@@ -454,6 +454,11 @@ def _check_source(tree: SourceTree, patch: str, sp: Any) -> SourceResult:
     return res
 
 
+def _in_aiter(module: str) -> bool:
+    """Targets of a server's code (the SGLang take-over) are checked against that server's source, not AITER's."""
+    return module == "aiter" or module.startswith("aiter.")
+
+
 def check(tree: SourceTree, patch_list: Sequence[Any] | None = None) -> Report:
     """Compare every target of every patch (default: the registered ones) with ``tree``."""
     if patch_list is None:
@@ -462,8 +467,9 @@ def check(tree: SourceTree, patch_list: Sequence[Any] | None = None) -> Report:
         patch_list = patches()
     targets = [
         _check_target(tree, p.name, t.module, t.attr, t.pins) for p in patch_list for t in p.targets
+        if _in_aiter(t.module)
     ]
-    relied = [_check_source(tree, p.name, sp) for p in patch_list for sp in p.relies_on]
+    relied = [_check_source(tree, p.name, sp) for p in patch_list for sp in p.relies_on if _in_aiter(sp.module)]
     return Report(tree.description, tree.version(), targets, relied)
 
 

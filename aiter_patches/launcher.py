@@ -25,9 +25,14 @@ from .bootstrap import BOOTSTRAP_DIR
 
 
 def child_env(environ: Mapping[str, str], *, verbose: bool = False) -> dict[str, str]:
-    """``environ`` with the bootstrap folder first on ``PYTHONPATH`` (once, however often ``run`` nests)."""
+    """``environ`` with the bootstrap folder first on ``PYTHONPATH`` (once, however often ``run`` nests).
+
+    Every other entry is kept exactly, empty ones included: Python reads an
+    empty entry as the current directory. An empty ``PYTHONPATH`` has no entries.
+    """
     env = dict(environ)
-    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    raw = env.get("PYTHONPATH", "")
+    rest = [p for p in raw.split(os.pathsep) if p != BOOTSTRAP_DIR] if raw else []
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *rest])
     if verbose:
         env["AITER_PATCHES_LOG_LEVEL"] = "DEBUG"

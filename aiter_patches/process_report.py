@@ -25,6 +25,8 @@ import os
 import sys
 from typing import Any, Iterable, TextIO
 
+from . import foreign_layers, stats_log
+
 log = logging.getLogger("aiter_patches")
 
 MARKER = "aiter_patches status: "
@@ -66,24 +68,26 @@ def log_if_changed() -> None:
         _last_logged = key
         level = logging.INFO if record["aiter"]["imported"] else logging.DEBUG
         log.log(level, "%s", summary_line(record))
-        log.log(level, "%s%s", MARKER, json.dumps(record, separators=(",", ":"), default=str))
+        log.log(level, "%s", status_line(record))
+        if any(p["state"] == "applied" for p in record["patches"]):
+            stats_log.ensure_started()  # the exit line, and the periodic ones if asked for
     except Exception:  # reporting must never break apply() or an import
         log.debug("aiter_patches: could not write the process summary", exc_info=True)
 
 
 def log_after_fork() -> None:
-    """In a forked child that inherited applied or pending patches: its own summary (its pid differs)."""
+    """In a forked child that inherited applied or pending patches: its own summary (its pid differs).
+
+    The registry's own fork handler, registered before this one, has already
+    given the child fresh locks, so this never waits on a thread of the parent.
+    """
     from . import registry
 
-    if not registry._lock.acquire(blocking=False):  # held by a thread that did not survive the fork
-        return
     try:
         if any(p["state"] in ("applied", "pending") for p in registry.status()["patches"]):
             log_if_changed()
     except Exception:  # never in the way of a fork
         log.debug("aiter_patches: could not write the summary after fork", exc_info=True)
-    finally:
-        registry._lock.release()
 
 
 def _hooks_about_to_run(registry) -> bool:
@@ -131,10 +135,59 @@ def status_record() -> dict[str, Any]:
                 "reason": p["reason"],
                 "targets": [{"location": t["location"], "pin": t["pin"], "aliases": t["aliases"]}
                             for t in p["targets"]],
+                **({"foreign_layers": foreign_layers.short(p["foreign_layers"])} if p.get("foreign_layers") else {}),
             }
             for p in st["patches"]
         ],
     }
+
+
+# A line written with one write() of at most PIPE_BUF (4 KiB on Linux) bytes is never interleaved with
+# another process's on a shared pipe; the log format's prefix needs room too.
+LINE_LIMIT = 3072
+
+
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), default=str)
+
+
+def _cut(text: Any, n: int) -> Any:
+    return text[: n - 1] + "…" if isinstance(text, str) and len(text) > n else text
+
+
+def _condense(record: dict[str, Any], step: int) -> dict[str, Any]:
+    """Ever shorter versions of a record: fewer aliases, shorter reasons, no targets, shorter names."""
+    keep_aliases = (2, 0, 0, 0)[step - 1]
+    reason_len = (240, 240, 120, 60)[step - 1]
+    out = dict(record, condensed=True)
+    out["patches"] = []
+    for p in record["patches"]:
+        q = dict(p, reason=_cut(p.get("reason", ""), reason_len))
+        if step >= 3:
+            q.pop("targets", None)
+        else:
+            q["targets"] = []
+            for t in p.get("targets", []):
+                aliases = t.get("aliases") or []
+                t = dict(t, aliases=aliases[:keep_aliases])
+                if len(aliases) > keep_aliases:
+                    t["aliases_more"] = len(aliases) - keep_aliases
+                q["targets"].append(t)
+        out["patches"].append(q)
+    if step >= 4:
+        out["title"], out["process"] = _cut(record.get("title"), 40), _cut(record.get("process"), 40)
+        out["aiter"] = {k: _cut(v, 80) for k, v in (record.get("aiter") or {}).items()}
+    return out
+
+
+def status_line(record: dict[str, Any], limit: int = LINE_LIMIT) -> str:
+    """The status line for a record, condensed (``"condensed": true``) until it fits in ``limit`` bytes."""
+    line = MARKER + _dumps(record)
+    step = 1
+    while len(line.encode()) > limit and step <= 4:
+        line = MARKER + _dumps(_condense(record, step))
+        step += 1
+    return line
 
 
 def _aliases(record: dict[str, Any]) -> list[str]:
@@ -172,33 +225,94 @@ def summary_line(record: dict[str, Any]) -> str:
             text += f" waiting for import of {', '.join(_waiting_for(record))}"
         parts.append(text)
     body = "; ".join(parts) or "no patch requested"
+    foreign = _foreign(record)
+    if foreign:
+        body += f"; foreign layers: {'; '.join(foreign)}"
     aliases = _aliases(record)
+    head = f"aiter_patches: {who}: {body}"
     if aliases:
-        body += f"; rebound aliases: {', '.join(aliases)}"
-    return f"aiter_patches: {who}: {body}"
+        shown = list(aliases)
+        while shown and len(f"{head}; rebound aliases: {', '.join(shown)} (+{len(aliases)} more)".encode()) > LINE_LIMIT:
+            shown.pop()
+        more = f" (+{len(aliases) - len(shown)} more)" if len(shown) < len(aliases) else ""
+        head += f"; rebound aliases: {', '.join(shown)}{more}"
+    return head
+
+
+def _foreign(record: dict[str, Any]) -> list[str]:
+    """Each foreign layer once: "outer sglang.x on aiter.fused_moe.fused_moe (moe_sort_mx_quant, ...)"."""
+    by_layer: dict[str, list[str]] = {}
+    for p in record.get("patches", []):
+        for text in p.get("foreign_layers", []) if p["state"] == "applied" else []:
+            by_layer.setdefault(text, []).append(p["name"])
+    return [f"{head} ({', '.join(names)})" for head, names in by_layer.items()]
 
 
 # ---------------------------------------------------------------- reading a log back
 
-def read_log(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The last status record of each pid in a log, in the order the pids first appear.
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
-    The marker may follow any prefix a server's log format adds; lines that do
-    not parse are ignored (a log can be cut mid-line).
+
+def _well_shaped(record: dict[str, Any]) -> bool:
+    """The fields ``summary_line`` and ``--json`` readers rely on have the types a status line writes."""
+    patches = record.get("patches")
+    if not isinstance(patches, list):
+        return False
+    for p in patches:
+        if not (isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("state"), str)
+                and isinstance(p.get("reason", ""), str) and isinstance(p.get("targets", []), list)
+                and _is_str_list(p.get("foreign_layers", []))):
+            return False
+        for t in p.get("targets", []):
+            if not (isinstance(t, dict) and _is_str_list(t.get("aliases", []))):
+                return False
+    env = record.get("env", {})
+    if not (isinstance(env, dict) and all(isinstance(k, str) for k in env)):
+        return False
+    if not _is_str_list(record.get("via", [])):
+        return False
+    return all(isinstance(record.get(k), (str, type(None))) for k in ("process", "title"))
+
+
+def scan_log(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
+    """The last status record of each pid in a log, in the order the pids first appear, and how many records
+    were skipped for an unexpected shape.
+
+    The marker may follow any prefix a server's log format adds, and may occur
+    several times on one line (a process's line cut short, then another's
+    whole line): every occurrence is read on its own. Text that does not
+    parse is ignored (a log can be cut mid-line).
     """
     decoder = json.JSONDecoder()
     latest: dict[int, dict[str, Any]] = {}
+    odd = 0
     for line in lines:
+        starts = []
         at = line.find(MARKER)
-        if at < 0:
-            continue
-        try:
-            record, _ = decoder.raw_decode(line, at + len(MARKER))
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("pid"), int):
-            latest[record["pid"]] = record  # dict keeps first-insertion order
-    return list(latest.values())
+        while at >= 0:
+            starts.append(at)
+            at = line.find(MARKER, at + 1)
+        for i, at in enumerate(starts):
+            try:
+                record, end = decoder.raw_decode(line, at + len(MARKER))
+            except ValueError:
+                continue
+            if i + 1 < len(starts) and end > starts[i + 1]:
+                continue  # a cut record whose last string ran on into the next record's text
+            pid = record.get("pid") if isinstance(record, dict) else None
+            if not isinstance(pid, int) or isinstance(pid, bool):
+                continue
+            if not _well_shaped(record):
+                odd += 1
+                continue
+            latest[pid] = record  # dict keeps first-insertion order
+    return list(latest.values()), odd
+
+
+def read_log(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The last status record of each pid in a log (see ``scan_log``)."""
+    return scan_log(lines)[0]
 
 
 def _open_log(path: str) -> TextIO:
@@ -213,16 +327,24 @@ def print_log_status(path: str, *, as_json: bool) -> int:
         print(f"cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
-        records = read_log(stream)
+        lines = list(stream)
     finally:
         if stream is not sys.stdin:
             stream.close()
+    records, odd = scan_log(lines)
+    if odd:
+        print(f"warning: skipped {odd} status record(s) of an unexpected shape in {path}", file=sys.stderr)
+    sums = stats_log.summed(stats_log.read_stats(lines))
     if not records:
         print(f"no '{MARKER.strip()}' lines in {path}", file=sys.stderr)
         return 1
     if as_json:
-        print(json.dumps({"processes": records}, indent=2, default=str))
+        print(json.dumps({"processes": records, "stats": sums}, indent=2, default=str))
         return 0
     for record in records:
         print(summary_line(record).removeprefix("aiter_patches: "))
+    if sums:
+        print("counts (the latest stats line of each process, summed):")
+        for text in stats_log.render(sums):
+            print("  " + text)
     return 0

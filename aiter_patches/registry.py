@@ -13,10 +13,14 @@ import logging
 import os
 import sys
 import threading
+import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from . import runtime
+# Everything the registry calls is imported here, never inside a call: an import running in one thread
+# when another forks leaves that module locked for good in the child.
+from . import foreign_layers, import_hooks, process_report, runtime
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
@@ -63,6 +67,10 @@ class Patch:
     order: int = 50  # among patches on one target: lower is outer (asked first)
     relies_on: tuple[SourcePin, ...] = ()
     check: str | None = None  # "module:function" of the equivalence check `aiter-patches verify` runs
+    # a patch of a server's code: stays inactive (not pending) where that top-level package is not installed
+    requires: str | None = None
+    # a further gate after a target's pin matched (e.g. a source hash): a reason skips the patch
+    precheck: Callable[[Target, Callable], str | None] | None = None
 
 
 @dataclass
@@ -81,6 +89,9 @@ class _Layer:
     patch: Patch
     target: Target
     site: Site
+    fn: Callable | None = None  # the wrapper last built for this layer
+    over: Callable | None = None  # what ``fn`` wraps
+    built: list[tuple[Any, Callable]] = field(default_factory=list)  # (weakref to a wrapper, what it wraps)
 
 
 @dataclass
@@ -98,7 +109,6 @@ class _State:
     state: str = INACTIVE
     reason: str = ""
     targets: list[dict[str, Any]] = field(default_factory=list)
-    hooks: list[Any] = field(default_factory=list)
 
 
 _lock = threading.RLock()
@@ -106,6 +116,7 @@ _patches: dict[str, Patch] = {}
 _states: dict[str, _State] = {}
 _counters: dict[str, PatchCounters] = {}
 _chains: dict[tuple[str, str], _Chain] = {}
+_watches: dict[str, list[import_hooks.Watch]] = {}  # module name -> what waits for it, while a patch is pending on it
 _builtins_loaded = False
 
 
@@ -136,11 +147,11 @@ def _ensure_builtins() -> None:
     global _builtins_loaded
     if _builtins_loaded:
         return
-    from .patches import BUILTIN_PATCHES  # imports nothing of AITER
-
-    with _lock:
+    with _lock:  # the import under the lock: fork() waits for it (see _before_fork)
         if _builtins_loaded:
             return
+        from .patches import BUILTIN_PATCHES  # imports nothing of AITER
+
         for p in BUILTIN_PATCHES:
             if p.name not in _patches:
                 register(p)
@@ -215,7 +226,8 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
     """Apply patches (all by default) now, or when AITER's modules get imported.
 
     Returns the status record of each requested patch. Unknown names, in
-    ``names`` or in ``AITER_PATCHES_DISABLE``, raise ``ValueError``.
+    ``names`` or in ``AITER_PATCHES_DISABLE``, raise ``ValueError``; nothing
+    else raises outside strict mode.
     """
     all_patches = patches()
     known = [p.name for p in all_patches]
@@ -237,72 +249,20 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
                 continue  # idempotent: nothing stacks
             _apply_or_defer(p)
         report = ApplyReport((n, _record(n)) for n in known if n in requested)
-    from .process_report import log_if_changed
-
-    log_if_changed()
+    process_report.log_if_changed()
     return report
 
 
-def _apply_or_defer(p: Patch) -> None:
-    missing = [m for m in _target_modules(p) if m not in sys.modules]
-    if not missing:
-        _try_apply(p)
-        return
-    st = _states[p.name]
-    st.state, st.reason = PENDING, f"waiting for import of {', '.join(missing)}"
-    st.targets = []
-    import wrapt
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (a patch on a server's code is inactive where it is not)."""
+    if package in sys.modules:
+        return True
+    import importlib.util
 
-    for mod in missing:
-        hook = _Hook(p.name)
-        st.hooks.append((mod, hook))
-        wrapt.register_post_import_hook(hook, mod)
-
-
-class _Hook:
-    """A post-import hook that applies one patch once all its modules are imported; inert once cancelled."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.active = True
-
-    def __call__(self, module: Any) -> None:
-        if not self.active:
-            return
-        with _lock:
-            if not self.active:
-                return
-            st = _states.get(self.name)
-            p = _patches.get(self.name)
-            if st is None or p is None or st.state != PENDING:
-                return
-            missing = [m for m in _target_modules(p) if m not in sys.modules]
-            if missing:
-                st.reason = f"waiting for import of {', '.join(missing)}"
-                return
-            _cancel_hooks(st)
-            _try_apply(p)
-            from .process_report import log_if_changed
-
-            log_if_changed()
-
-
-def _cancel_hooks(st: _State) -> None:
     try:
-        import wrapt.importer as wi
-    except ImportError:  # pragma: no cover
-        wi = None
-    for mod, hook in st.hooks:
-        hook.active = False
-        if wi is not None:
-            try:
-                with wi._post_import_hooks_lock:
-                    lst = wi._post_import_hooks.get(mod)
-                    if lst and hook in lst:
-                        lst.remove(hook)
-            except AttributeError:  # private API moved: the hook is inert anyway
-                pass
-    st.hooks = []
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _target_modules(p: Patch) -> list[str]:
@@ -313,15 +273,96 @@ def _target_modules(p: Patch) -> list[str]:
     return seen
 
 
+def _apply_or_defer(p: Patch, just_executed: str | None = None) -> None:
+    """Apply now if every module of the patch has finished executing, else wait for the ones that have not.
+
+    A module in ``sys.modules`` may still be running its code in another
+    thread, or be a lazy module that has not run it: both are waited for,
+    never treated as missing targets, and never executed here.
+    """
+    if p.requires is not None and not _installed(p.requires):
+        st = _states[p.name]
+        st.state, st.reason, st.targets = INACTIVE, f"{p.requires} is not installed", []
+        return
+    waiting = {}
+    for m in _target_modules(p):
+        r = import_hooks.READY if m == just_executed else import_hooks.readiness(m)
+        if r != import_hooks.READY:
+            waiting[m] = r
+    if not waiting:
+        _try_apply(p)
+        return
+    st = _states[p.name]
+    st.state, st.reason, st.targets = PENDING, f"waiting for import of {', '.join(waiting)}", []
+    for m, r in waiting.items():
+        _watch(m, r)
+
+
+def _watch(module: str, readiness: str) -> None:
+    """Be called back when ``module`` is ready: at its next import, and, if it is being imported or lazy now, then."""
+    watches = [w for w in _watches.get(module, []) if w.active]
+    kinds = {w.kind for w in watches}
+    try:
+        if import_hooks.MISSING not in kinds:  # also the retry of an import that fails
+            watches.append(import_hooks.when_imported(module, _module_event))
+        if readiness == import_hooks.INITIALIZING and readiness not in kinds:
+            watches.append(import_hooks.when_initialized(module, _module_event))
+        elif readiness == import_hooks.LAZY and readiness not in kinds:
+            watches.append(import_hooks.when_loaded_lazily(module, _module_event))
+    except Exception as exc:  # e.g. no thread can be started: the patch stays pending, apply() goes on
+        log.warning("aiter_patches: cannot watch the import of %s: %s: %s", module, type(exc).__name__, exc)
+    _watches[module] = watches
+
+
+def _unwatch_unused() -> None:
+    needed = {m for n, st in _states.items() if st.state == PENDING for m in _target_modules(_patches[n])}
+    for module in [m for m in _watches if m not in needed]:
+        for w in _watches.pop(module):
+            w.cancel()
+
+
+def _module_event(module: str, during_import: bool) -> None:
+    """A watched module finished executing (``during_import``: we are inside its import), or its import ended.
+
+    In strict mode a patch that cannot apply raises ``PatchSkipped`` here,
+    which fails that import: importlib then drops the module object, so the
+    patches applied to it in this same pass are taken off again and wait for
+    the caller's next import of it, and ``status()`` stays true to what is live.
+    """
+    errors: list[PatchSkipped] = []
+    with _lock:
+        for w in _watches.pop(module, []):
+            w.cancel()
+        applied: list[str] = []
+        for p in sorted(_patches.values(), key=lambda q: (q.order, q.name)):
+            if _states[p.name].state != PENDING or module not in _target_modules(p):
+                continue
+            try:
+                _apply_or_defer(p, just_executed=module if during_import else None)
+            except PatchSkipped as exc:
+                errors.append(exc)
+                continue
+            except Exception:  # never fail the user's import outside strict mode
+                log.exception("aiter_patches: applying '%s' after the import of %s raised", p.name, module)
+                continue
+            if _states[p.name].state == APPLIED:
+                applied.append(p.name)
+        if errors and during_import:
+            for name in reversed(applied):
+                _revert_one(name)
+                _apply_or_defer(_patches[name])  # pending again: the failed import left no module
+            _watch(module, import_hooks.MISSING)
+    process_report.log_if_changed()
+    if errors:
+        raise errors[0]
+
+
 _MISSING = object()
 
 
-def _try_apply(p: Patch) -> None:
-    """All or nothing: check every target, then install every layer."""
-    st = _states[p.name]
+def _check_targets(p: Patch, records: list[dict[str, Any]]) -> tuple[str | None, list[tuple[Target, Callable, Pin]]]:
+    """Every target present, callable and matching a pin: (None, found), else (the reason, [])."""
     found: list[tuple[Target, Callable, Pin]] = []
-    records: list[dict[str, Any]] = []
-    problem: str | None = None
     for t in p.targets:
         mod = sys.modules.get(t.module)
         obj = getattr(mod, t.attr, _MISSING) if mod is not None else _MISSING
@@ -330,61 +371,131 @@ def _try_apply(p: Patch) -> None:
         rec: dict[str, Any] = {"location": t.location, "signature": None, "pin": None, "aliases": []}
         records.append(rec)
         if original is _MISSING:
-            problem = f"{t.location} is missing"
-            break
+            return f"{t.location} is missing", []
         if not callable(original):
-            problem = f"{t.location} is not callable ({type(original).__name__})"
-            break
+            return f"{t.location} is not callable ({type(original).__name__})", []
         try:
             sig = from_callable(original)
         except SignatureUnavailable as exc:
-            problem = f"{t.location}: cannot read its signature: {exc}"
-            break
+            return f"{t.location}: cannot read its signature: {exc}", []
         rec["signature"] = str(sig)
         pin, differences = match(sig, t.pins)
         if pin is None:
             accepted = ", ".join(x.label for x in t.pins)
-            problem = f"{t.location} signature drifted ({'; '.join(differences)}); accepted pins: {accepted}"
-            break
+            return f"{t.location} signature drifted ({'; '.join(differences)}); accepted pins: {accepted}", []
         rec["pin"] = pin.label
+        if p.precheck is not None:
+            try:
+                problem = p.precheck(t, original)
+            except Exception as exc:  # a gate that cannot decide does not apply the patch
+                problem = f"its precheck raised {type(exc).__name__}: {exc}"
+            if problem is not None:
+                return f"{t.location}: {problem}", []
         found.append((t, original, pin))
+    return None, found
+
+
+def _try_apply(p: Patch) -> None:
+    """All or nothing: check every target, build every wrapper, then bind them; any failure changes nothing."""
+    st = _states[p.name]
+    records: list[dict[str, Any]] = []
+    try:
+        problem, found = _check_targets(p, records)
+        if problem is None:
+            problem = _install(p, found, records)
+    except Exception as exc:  # an AITER object that raises on inspection: skip this patch, never fail apply()
+        log.debug("aiter_patches: applying '%s' raised", p.name, exc_info=True)
+        problem = f"applying raised {type(exc).__name__}: {exc}"
     if problem is not None:
         st.state, st.reason, st.targets = SKIPPED, problem, records
         log.warning("aiter_patches: skipped patch '%s': %s", p.name, problem)
         if runtime.strict():
             raise PatchSkipped(f"patch '{p.name}' skipped: {problem}")
         return
-    counters = _counters[p.name]
-    for (t, original, pin), rec in zip(found, records):
-        site = Site(p, t, pin, Binder(pin.signature), counters)
-        chain = _chains.get((t.module, t.attr))
-        if chain is None:
-            chain = _chains[(t.module, t.attr)] = _Chain(t.module, t.attr, original)
-        chain.layers.append(_Layer(p, t, site))
-        _rebuild(chain)
-        rec["aliases"] = sorted(f"{m}.{a}" for m, a in chain.locations if (m, a) != (t.module, t.attr))
     st.state, st.reason, st.targets = APPLIED, "", records
     pins = ", ".join(f"{r['location']} @ {r['pin']}" for r in records)
     log.info("aiter_patches: applied '%s' (%s) to %s", p.name, p.summary, pins)
 
 
+def _install(p: Patch, found: list[tuple[Target, Callable, Pin]], records: list[dict[str, Any]]) -> str | None:
+    """Add the patch's layer to each target's chain; on any exception undo the targets done so far."""
+    counters = _counters[p.name]
+    plans = []
+    for t, original, pin in found:  # build first: a wrapper factory that raises leaves no trace
+        chain = _chains.get((t.module, t.attr)) or _Chain(t.module, t.attr, original)
+        layer = _Layer(p, t, Site(p, t, pin, Binder(pin.signature), counters))
+        layers = _ordered([*chain.layers, layer])
+        try:
+            head, builds = _compose(chain.original, layers)
+        except Exception as exc:
+            return f"{t.location}: the wrapper factory raised {type(exc).__name__}: {exc}"
+        plans.append((chain, layers, head, builds))
+    done: list[tuple[_Chain, list[_Layer], Callable | None]] = []
+    for (chain, layers, head, builds), rec in zip(plans, records):
+        before = (chain, list(chain.layers), chain.current)
+        try:
+            _commit(chain, layers, head, builds)
+            done.append(before)
+            _bind(chain, before[2], head, strict_home=True)
+        except Exception as exc:
+            for old_chain, old_layers, old_head in reversed(done):
+                _restore(old_chain, old_layers, old_head)
+            return f"{chain.module}.{chain.attr}: binding the wrapper raised {type(exc).__name__}: {exc}"
+        rec["aliases"] = sorted(f"{m}.{a}" for m, a in chain.locations if (m, a) != (chain.module, chain.attr))
+    return None
+
+
 # ---------------------------------------------------------------- chains and aliases
 
-def _rebuild(chain: _Chain) -> None:
-    """Rebuild the wrapper chain from the original in declared order and rebind every alias."""
-    fn = chain.original
-    for layer in sorted(chain.layers, key=lambda l: (l.patch.order, l.patch.name), reverse=True):
+def _ordered(layers: list[_Layer]) -> list[_Layer]:
+    return sorted(layers, key=lambda l: (l.patch.order, l.patch.name))
+
+
+def _compose(original: Callable, layers: list[_Layer]) -> tuple[Callable, list[tuple[_Layer, Callable, Callable]]]:
+    """The chain head over ``original``, outer layers first; layers whose inner is unchanged are reused."""
+    fn = original
+    builds: list[tuple[_Layer, Callable, Callable]] = []
+    for layer in reversed(layers):
+        if layer.fn is not None and layer.over is fn:
+            fn = layer.fn
+            continue
         wrapped = layer.target.wrap(fn, layer.site)
-        _mark(wrapped, layer.patch.name, fn)
+        if wrapped is not fn:  # a factory that hands back its inner adds no layer: nothing to mark or disarm
+            _mark(wrapped, layer.patch.name, fn)
+        builds.append((layer, wrapped, fn))
         fn = wrapped
-    old = {id(chain.original)}
-    if chain.current is not None:
-        old.add(id(chain.current))
-    new = fn if chain.layers else chain.original
-    chain.locations |= _rebind(old, new, chain)
-    chain.current = None if not chain.layers else new
-    if not chain.layers:
+    return fn, builds
+
+
+def _commit(chain: _Chain, layers: list[_Layer], head: Callable, builds) -> None:
+    for layer, fn, over in builds:
+        layer.fn, layer.over = fn, over
+        layer.built = [(r, o) for r, o in layer.built if r() is not None]
+        if fn is over:
+            continue
+        try:
+            layer.built.append((weakref.ref(fn), over))
+        except TypeError:  # not weak-referenceable: cannot be disarmed at revert either
+            pass
+    chain.layers = layers
+    chain.current = head if layers else None
+    if layers:
+        _chains[(chain.module, chain.attr)] = chain
+    else:
         _chains.pop((chain.module, chain.attr), None)
+
+
+def _restore(chain: _Chain, layers: list[_Layer], head: Callable | None) -> None:
+    """Undo a commit + bind of this apply(): the chain's layers and its bindings as they were."""
+    new_head = chain.current
+    chain.layers = layers
+    chain.current = head
+    if layers:
+        _chains[(chain.module, chain.attr)] = chain
+    else:
+        _chains.pop((chain.module, chain.attr), None)
+    if new_head is not None:
+        _bind(chain, new_head, head if head is not None else chain.original)
 
 
 def _mark(wrapper: Callable, patch_name: str, inner: Callable) -> None:
@@ -396,23 +507,60 @@ def _mark(wrapper: Callable, patch_name: str, inner: Callable) -> None:
         pass
 
 
-def _rebind(old_ids: set[int], new: Callable, chain: _Chain) -> set[tuple[str, str]]:
-    """Point every module-level binding of an old object (original or previous chain) at ``new``."""
-    changed: set[tuple[str, str]] = set()
+def _bind(chain: _Chain, old_head: Callable | None, new: Callable, *, strict_home: bool = False) -> None:
+    """Point every module-level binding of ``old_head`` (and of the original, unless reverting to it) at ``new``.
+
+    Only bindings that hold one of our own objects, by identity, change. A
+    location we bound earlier that now holds something else was rebound by a
+    third party (its own wrapper, usually around ours): it is left in place,
+    with a WARNING naming it.
+    """
+    reverting = new is chain.original
+    old_ids = {id(old_head)} if old_head is not None else set()
+    if not reverting:
+        old_ids.add(id(chain.original))
     home = sys.modules.get(chain.module)
     if home is not None:
-        setattr(home, chain.attr, new)
-        changed.add((chain.module, chain.attr))
-    for mod_name, mod in list(sys.modules.items()):
-        if mod is None or mod_name.startswith("aiter_patches.") and not mod_name.startswith("aiter_patches.stub_aiter"):
+        held = getattr(home, chain.attr, _MISSING)
+        if id(held) in old_ids:
+            try:
+                setattr(home, chain.attr, new)
+            except Exception:
+                if strict_home:
+                    raise
+                log.warning("aiter_patches: could not rebind %s.%s", chain.module, chain.attr, exc_info=True)
+            else:
+                chain.locations.add((chain.module, chain.attr))
+    chain.locations |= _rebind(old_ids, new)
+    for mod_name, attr in sorted(chain.locations):
+        d = import_hooks.module_dict(sys.modules.get(mod_name))
+        held = d.get(attr, _MISSING) if d is not None else _MISSING
+        if held is new or held is _MISSING or held is chain.original:
             continue
-        try:
-            d = vars(mod)
-        except TypeError:
+        what = f"a {type(held).__name__} {getattr(held, '__qualname__', '')}".rstrip()
+        log.warning("aiter_patches: %s.%s holds %s, bound there by someone else after aiter_patches; left in place: "
+                    "calls through it reach only the patches applied when it was bound, and none once reverted",
+                    mod_name, attr, what)
+    if reverting:
+        chain.locations = set()
+
+
+def _rebind(old_ids: set[int], new: Callable) -> set[tuple[str, str]]:
+    """Point every module-level binding of an old object at ``new``; returns the locations changed.
+
+    Modules are read through their raw ``__dict__``: a lazily loaded module is
+    never executed by this scan, and a module that cannot be read is skipped.
+    """
+    changed: set[tuple[str, str]] = set()
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith("aiter_patches.") and not mod_name.startswith("aiter_patches.stub_aiter"):
+            continue
+        d = import_hooks.module_dict(mod)
+        if d is None:
             continue
         try:
             items = [(k, v) for k, v in list(d.items()) if id(v) in old_ids]
-        except RuntimeError:  # dict changed size under a concurrent import
+        except Exception:  # dict changed size under a concurrent import, or a hostile key
             continue
         for k, v in items:
             if d.get(k) is v:
@@ -421,12 +569,64 @@ def _rebind(old_ids: set[int], new: Callable, chain: _Chain) -> set[tuple[str, s
     return changed
 
 
+# ---------------------------------------------------------------- disarming a reverted wrapper
+
+_PASSTHROUGH_ARG = "__aiter_patches_call__"
+_passthrough_codes: dict[int, types.CodeType] = {}
+
+
+def _passthrough_code(nfree: int) -> types.CodeType:
+    """Code that calls ``__aiter_patches_call__`` (a keyword default) with its arguments, for a function with ``nfree`` closure cells."""
+    code = _passthrough_codes.get(nfree)
+    if code is None:
+        names = [f"_cell{i}" for i in range(nfree)]
+        src = "def _outer():\n" + "".join(f"    {n} = None\n" for n in names)
+        src += f"    def passthrough(*args, {_PASSTHROUGH_ARG}=None, **kwargs):\n"
+        if names:  # never called: makes the cells free variables of passthrough, so the closure still fits
+            src += f"        lambda: ({', '.join(names)},)\n"
+        src += f"        return {_PASSTHROUGH_ARG}(*args, **kwargs)\n    return passthrough\n"
+        ns: dict[str, Any] = {}
+        exec(compile(src, "<aiter_patches passthrough>", "exec"), ns)
+        code = _passthrough_codes[nfree] = ns["_outer"]().__code__
+    return code
+
+
+def _disarm(layer: _Layer) -> list[str]:
+    """Make every wrapper built for a reverted layer pass its calls to what it wraps; returns the ones that could not be.
+
+    Revert unbinds our wrappers everywhere it can see (module-level names).
+    A reference it cannot see (a third party's wrapper around ours, a
+    dispatch table, a captured local) would still run the patch: swapping
+    the wrapper's code in place for a pass-through makes those calls take the
+    original's path too, at no cost to calls made while the patch is applied.
+    """
+    failed = []
+    originals = {id(c.original) for c in _chains.values()}
+    for ref, over in layer.built:
+        fn = ref()
+        if fn is None or fn is over or id(fn) in originals or getattr(fn, "__aiter_patches__", None) is None:
+            continue
+        try:
+            if type(fn) is not types.FunctionType:
+                raise TypeError(f"a {type(fn).__name__}, not a function")
+            fn.__code__ = _passthrough_code(len(fn.__closure__ or ()))
+            fn.__kwdefaults__ = {_PASSTHROUGH_ARG: over}
+            fn.__aiter_patches_reverted__ = fn.__dict__.pop("__aiter_patches__", layer.patch.name)
+        except Exception as exc:
+            failed.append(f"{getattr(fn, '__qualname__', fn)!s}: {exc}")
+    layer.built = []
+    layer.fn = layer.over = None
+    return failed
+
+
 # ---------------------------------------------------------------- revert
 
 def revert(names: Iterable[str] | None = None) -> list[str]:
     """Take patches off (all by default), in reverse of declared order; cancel pending hooks.
 
-    Every binding the registry changed gets its exact original object back.
+    Every binding the registry changed that still holds its object gets the
+    exact original back; a binding a third party changed since is left alone
+    (logged), and the wrappers it may hold pass every call to the original.
     Returns the names that were reverted.
     """
     all_patches = patches()
@@ -443,38 +643,57 @@ def revert(names: Iterable[str] | None = None) -> list[str]:
 
 def _revert_one(name: str) -> None:
     st = _states[name]
-    _cancel_hooks(st)
-    if st.state == APPLIED:
-        for key, chain in list(_chains.items()):
-            before = len(chain.layers)
-            chain.layers = [l for l in chain.layers if l.patch.name != name]
-            if len(chain.layers) == before:
-                continue
-            home = sys.modules.get(chain.module)
-            if home is not None and getattr(home, chain.attr, None) is not chain.current:
-                log.warning(
-                    "aiter_patches: %s.%s was rebound by someone else after aiter_patches; "
-                    "restoring the locations aiter_patches changed only", chain.module, chain.attr,
-                )
-            _restore_or_rebuild(chain)
-        log.info("aiter_patches: reverted '%s'", name)
+    was = st.state
     st.state, st.reason, st.targets = INACTIVE, "reverted", []
-
-
-def _restore_or_rebuild(chain: _Chain) -> None:
-    if chain.layers:
-        _rebuild(chain)
+    _unwatch_unused()
+    if was != APPLIED:
         return
-    for mod_name, attr in chain.locations:
-        mod = sys.modules.get(mod_name)
-        if mod is None:
+    casualties: list[str] = []
+    for chain in list(_chains.values()):
+        mine = [l for l in chain.layers if l.patch.name == name]
+        if not mine:
             continue
-        if getattr(mod, attr, None) is chain.current:
-            setattr(mod, attr, chain.original)
-    # modules imported after apply() that copied the wrapper get the original too
-    if chain.current is not None:
-        _rebind({id(chain.current)}, chain.original, chain)
-    _chains.pop((chain.module, chain.attr), None)
+        rest = [l for l in chain.layers if l.patch.name != name]
+        old_head = chain.current
+        try:
+            head, builds = _compose(chain.original, rest)
+        except Exception as exc:  # a factory that worked before raised now: take its patches off this target too
+            log.warning("aiter_patches: rebuilding %s.%s without '%s' raised %s: %s; the patches left on it are "
+                        "taken off", chain.module, chain.attr, name, type(exc).__name__, exc)
+            casualties += [l.patch.name for l in rest]
+            mine, rest, head, builds = chain.layers, [], chain.original, []
+        _commit(chain, rest, head, builds)
+        _bind(chain, old_head, head)
+        for layer in mine:
+            for problem in _disarm(layer):
+                log.warning("aiter_patches: reverted '%s' but could not disarm %s; a reference to it that revert "
+                            "cannot see still runs the patch", layer.patch.name, problem)
+    log.info("aiter_patches: reverted '%s'", name)
+    for other in dict.fromkeys(casualties):
+        if _states[other].state == APPLIED:
+            _revert_one(other)
+            _states[other].state = SKIPPED
+            _states[other].reason = f"taken off while reverting '{name}': its wrapper could not be rebuilt"
+
+
+def live_bindings(name: str) -> dict[str, str]:
+    """Each location the registry bound for patch ``name``: what it holds now.
+
+    ``ours`` (the chain head the registry installed), ``original`` (AITER's
+    object), ``foreign`` (someone rebound it after us), ``missing``.
+    """
+    patches()
+    out: dict[str, str] = {}
+    with _lock:
+        for chain in _chains.values():
+            if not any(l.patch.name == name for l in chain.layers):
+                continue
+            for mod_name, attr in sorted(chain.locations):
+                d = import_hooks.module_dict(sys.modules.get(mod_name))
+                held = d.get(attr, _MISSING) if d is not None else _MISSING
+                out[f"{mod_name}.{attr}"] = ("ours" if held is chain.current else "original" if held is chain.original
+                                             else "missing" if held is _MISSING else "foreign")
+    return out
 
 
 # ---------------------------------------------------------------- reporting
@@ -508,6 +727,7 @@ def _record(name: str) -> dict[str, Any]:
         "targets": [dict(t) for t in st.targets]
         or [{"location": t.location, "signature": None, "pin": None, "aliases": []} for t in p.targets],
         "pins": {t.location: [pin.label for pin in t.pins] for t in p.targets},
+        "foreign_layers": foreign_layers.records(name) if st.state == APPLIED else [],
     }
 
 
@@ -532,7 +752,11 @@ def stats() -> dict[str, dict[str, Any]]:
     """Per patch: fast-path hits, fallbacks by reason, fast-path errors. Host counters only."""
     patches()
     with _lock:
-        return {name: c.snapshot() for name, c in _counters.items()}
+        out = {name: c.snapshot() for name, c in _counters.items()}
+        for name, snap in out.items():  # the key appears only when a foreign layer is seen
+            if _states[name].state == APPLIED and (layers := foreign_layers.records(name)):
+                snap["foreign_layers"] = [layer["text"] for layer in layers]
+        return out
 
 
 def reset_stats() -> None:
@@ -544,3 +768,68 @@ def reset_stats() -> None:
 def counters(name: str) -> PatchCounters:
     patches()
     return _counters[name]
+
+
+def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> list[str]:
+    """Take foreign wrappers that sit directly over our chain off its bindings, by identity only.
+
+    A binding is restored to our outermost wrapper only when it holds a Python
+    function ``is_layer`` accepts whose ``__wrapped__`` is exactly that wrapper.
+    Returns the locations restored.
+    """
+    with _lock:
+        chain = _chains.get((module, attr))
+        if chain is None or chain.current is None:
+            return []
+        restored = []
+        for mod_name, mod in list(sys.modules.items()):
+            d = import_hooks.module_dict(mod)
+            if d is None:
+                continue
+            try:
+                names = [attr] if mod_name == module else list(d)
+            except RuntimeError:  # changed size under a concurrent import
+                continue
+            for k in names:
+                v = d.get(k)
+                if type(v) is not types.FunctionType or v is chain.current or not is_layer(v):
+                    continue
+                if getattr(v, "__wrapped__", None) is chain.current:
+                    d[k] = chain.current
+                    chain.locations.add((mod_name, k))
+                    restored.append(f"{mod_name}.{k}")
+        return sorted(restored)
+
+
+# ---------------------------------------------------------------- fork
+
+_FORK_WAIT_S = 1.0  # how long fork() waits for another thread to leave the registry
+_fork = threading.local()
+
+
+def _before_fork() -> None:
+    """Hold the lock across fork() so the child inherits a consistent registry; never block fork() for long."""
+    _fork.held = _lock.acquire(timeout=_FORK_WAIT_S)
+
+
+def _after_fork_in_parent() -> None:
+    if getattr(_fork, "held", False):
+        _fork.held = False
+        _lock.release()
+
+
+def _after_fork_in_child() -> None:
+    """Fresh locks: one held by a thread of the parent would be held forever here (that thread is gone)."""
+    global _lock
+    held, _fork.held = getattr(_fork, "held", False), False
+    _lock = threading.RLock()
+    for c in _counters.values():
+        c.after_fork_in_child()
+    if not held:
+        log.warning("aiter_patches: process %d was forked while another thread had been inside the patch registry "
+                    "for over %.0f s; this child's patch states may be incomplete", os.getpid(), _FORK_WAIT_S)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

@@ -74,6 +74,10 @@ class PatchCounters:
                 "errors": dict(self._errors),
             }
 
+    def after_fork_in_child(self) -> None:
+        """A fresh lock in a forked child: the parent's may have been held by a thread that is gone."""
+        self._lock = threading.Lock()
+
     def reset(self) -> None:
         with self._lock:
             self._fast = 0

@@ -17,6 +17,11 @@ machines this project is developed on: only the pure parts are tested here.
 
 The asm kernel reads A_scale as raw K-major memory (`ptr[kb * M + m]`), whatever
 the tensor's strides say, exactly as AITER's launcher passes it.
+
+A packed argument buffer is trusted blindly by the GPU, so before a `.co` is launched its
+own metadata (the `NT_AMDGPU_METADATA` note, read by `code_object`) must describe the
+layout `KERNEL_ARGS` packs: `code_object_reason` compares them once per file per process,
+and a file that differs is never loaded (the patch hands such calls back to AITER).
 """
 
 from __future__ import annotations
@@ -26,14 +31,20 @@ import ctypes
 import ctypes.util
 import functools
 import io
+import logging
 import math
 import os
 import struct
+import sys
 import threading
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 import torch
+
+from . import code_object
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_GFX = ("gfx942", "gfx950")
 KERNEL_DIR = "fp8gemm_blockscale"
@@ -42,7 +53,25 @@ TILE_K = 128
 SCALE_BLOCK_N = 128
 SCALE_BLOCK_K = 128
 BLOCK_THREADS = 256
-ARGS_SIZE = 16 * 16
+WAVEFRONT_SIZE = 64
+ARG_SLOT = 16  # AITER's KernelArgs puts every field alone in a 16-byte slot, the rest of the slot zero
+
+
+def _kernel_args(pointers: tuple[str, ...], uint32s: tuple[str, ...]) -> tuple[code_object.KernelArg, ...]:
+    fields = [(n, 8, "global_buffer") for n in pointers] + [(n, 4, "by_value") for n in uint32s]
+    return tuple(code_object.KernelArg(n, ARG_SLOT * i, size, kind) for i, (n, size, kind) in enumerate(fields))
+
+
+# The argument buffer this module packs, under the names the code objects' metadata gives the fields:
+# out, A, B, A_scale, B_scale, bias; then M, N, K, the row strides of A and B (elements) and of out
+# (bytes), the split count, and the scale grid (M, N/128, K/128). The packing and the check of each
+# `.co` both read this table.
+KERNEL_ARGS = _kernel_args(("C", "A", "B", "SA", "SB", "BIAS"),
+                           ("M", "Ndim", "K", "PA", "PB", "PC", "KS", "scale_m", "scale_n", "scale_k"))
+ARGS_SIZE = ARG_SLOT * len(KERNEL_ARGS)
+LAUNCH_LAYOUT = code_object.LaunchLayout(KERNEL_ARGS, ARGS_SIZE, WAVEFRONT_SIZE, (BLOCK_THREADS, 1, 1))
+_STRUCT_FORMAT = {"global_buffer": "<Q", "by_value": "<I"}
+_ARG_NAMES = frozenset(a.name for a in KERNEL_ARGS)
 
 HIP_LAUNCH_PARAM_BUFFER_POINTER = 0x01
 HIP_LAUNCH_PARAM_BUFFER_SIZE = 0x02
@@ -63,6 +92,30 @@ class AsmKernel:
 
 def kernel_dir(aiter_root: str, gfx: str) -> str:
     return os.path.join(aiter_root, "hsa", gfx, KERNEL_DIR)
+
+
+def aiter_root_of(aiter_module) -> str | None:
+    """The folder holding the imported AITER's `hsa/` (its AITER_META_DIR), or None.
+
+    AITER keeps its code objects outside its Python package: `<checkout>/hsa` in a develop
+    install, `<site-packages>/aiter_meta/hsa` in a wheel. `aiter.jit.core` settles which at
+    import (honouring `AITER_META_DIR`) and publishes `AITER_ASM_DIR = <root>/hsa/`; that is
+    used when present. Otherwise the first of those two places (then the package itself) that
+    has an `hsa/` folder; otherwise the checkout's, so that a reason names a real path.
+    """
+    asm_dir = getattr(sys.modules.get("aiter.jit.core"), "AITER_ASM_DIR", None)
+    return _aiter_root_from(asm_dir if isinstance(asm_dir, str) else None, getattr(aiter_module, "__file__", None))
+
+
+@functools.lru_cache(maxsize=8)
+def _aiter_root_from(asm_dir: str | None, package_file: str | None) -> str | None:
+    if asm_dir:
+        return os.path.dirname(os.path.normpath(asm_dir))
+    if not package_file:
+        return None
+    package = os.path.dirname(os.path.abspath(package_file))
+    candidates = (os.path.dirname(package), os.path.join(os.path.dirname(package), "aiter_meta"), package)
+    return next((c for c in candidates if os.path.isdir(os.path.join(c, "hsa"))), candidates[0])
 
 
 def parse_kernel_csv(text: str) -> list[AsmKernel]:
@@ -153,15 +206,15 @@ def launch_grid(M: int, N: int, tile_m: int, tile_n: int, split: int) -> tuple[i
     return (N // tile_n) * split, math.ceil(M / tile_m), 1
 
 
-def pack_kernel_args(ptr_c: int, ptr_a: int, ptr_b: int, ptr_a_scale: int, ptr_b_scale: int, ptr_bias: int,
-                     m: int, n: int, k: int, lda: int, ldb: int, ldc: int, ks: int,
-                     scale_m: int, scale_n: int, scale_k: int) -> bytes:
-    """AITER's packed `KernelArgs`: 6 pointers then 10 uint32, each alone in a 16-byte slot (padding zeroed)."""
-    ptrs = (ptr_c, ptr_a, ptr_b, ptr_a_scale, ptr_b_scale, ptr_bias)
-    ints = (m, n, k, lda, ldb, ldc, ks, scale_m, scale_n, scale_k)
-    buf = b"".join(struct.pack("<Q8x", p) for p in ptrs) + b"".join(struct.pack("<I12x", v) for v in ints)
-    assert len(buf) == ARGS_SIZE
-    return buf
+def pack_kernel_args(values: Mapping[str, int]) -> bytes:
+    """AITER's packed `KernelArgs` from {argument name: value}: each field in its slot of `KERNEL_ARGS`, padding zeroed."""
+    if values.keys() != _ARG_NAMES:
+        raise ValueError(f"kernel arguments: missing {sorted(_ARG_NAMES - set(values))}, "
+                         f"unknown {sorted(set(values) - _ARG_NAMES)}")
+    buf = bytearray(ARGS_SIZE)
+    for a in KERNEL_ARGS:
+        struct.pack_into(_STRUCT_FORMAT[a.value_kind], buf, a.offset, values[a.name])
+    return bytes(buf)
 
 
 def kernel_args(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale: torch.Tensor,
@@ -169,11 +222,12 @@ def kernel_args(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale: to
     """The argument buffer AITER's launcher builds for these tensors (strides in elements; ldc in bytes)."""
     M, K = A.shape
     N = out.shape[1]
-    return pack_kernel_args(
-        out.data_ptr(), A.data_ptr(), B.data_ptr(), A_scale.data_ptr(), B_scale.data_ptr(), bias.data_ptr(),
-        M, N, K, A.stride(0), B.stride(0), out.stride(0) * out.element_size(), split,
-        M, math.ceil(N / SCALE_BLOCK_N), math.ceil(K / SCALE_BLOCK_K),
-    )
+    return pack_kernel_args({
+        "C": out.data_ptr(), "A": A.data_ptr(), "B": B.data_ptr(),
+        "SA": A_scale.data_ptr(), "SB": B_scale.data_ptr(), "BIAS": bias.data_ptr(),
+        "M": M, "Ndim": N, "K": K, "PA": A.stride(0), "PB": B.stride(0), "PC": out.stride(0) * out.element_size(),
+        "KS": split, "scale_m": M, "scale_n": math.ceil(N / SCALE_BLOCK_N), "scale_k": math.ceil(K / SCALE_BLOCK_K),
+    })
 
 
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
@@ -247,6 +301,47 @@ def _tree_reason(aiter_root: str, gfx: str) -> str | None:
     return None
 
 
+def code_object_path(aiter_root: str, gfx: str, cfg: AsmKernel) -> str:
+    return os.path.join(kernel_dir(aiter_root, gfx), cfg.co_name)
+
+
+def code_object_reason(aiter_root: str, gfx: str, cfg: AsmKernel) -> str | None:
+    """Why `cfg`'s `.co` must not be launched with this module's argument buffer, or None.
+
+    The file's metadata is read and compared with `LAUNCH_LAYOUT` once per file per process;
+    later calls are one dict lookup.
+    """
+    return _checked_code_object(code_object_path(aiter_root, gfx, cfg), cfg.knl_name, gfx)
+
+
+_co_checks: dict[tuple[str, str, str], str | None] = {}
+_co_lock = threading.Lock()
+
+
+def _checked_code_object(path: str, knl_name: str, gfx: str) -> str | None:
+    key = (path, knl_name, gfx)
+    try:
+        return _co_checks[key]
+    except KeyError:
+        pass
+    with _co_lock:
+        if key not in _co_checks:
+            _co_checks[key] = _check_code_object(path, knl_name, gfx)
+        return _co_checks[key]
+
+
+def _check_code_object(path: str, knl_name: str, gfx: str) -> str | None:
+    try:
+        reason = code_object.layout_mismatch(code_object.read_code_object(path), knl_name, gfx, LAUNCH_LAYOUT)
+    except code_object.CodeObjectError as exc:
+        reason = str(exc)
+    if reason is None:
+        return None
+    log.warning("aiter_patches: AITER's code object %s does not match this launcher's arguments and will not "
+                "be launched (its calls stay with AITER): %s", path, reason)
+    return f"{os.path.basename(path)}: {reason}"
+
+
 @functools.lru_cache(maxsize=1)
 def _find_hip_library() -> str | None:
     """The libamdhip64 torch already mapped into this process, else the loader's choice."""
@@ -284,11 +379,15 @@ class AsmLauncher:
         if err != 0:
             raise RuntimeError(f"{what} failed: {self._hip.hipGetErrorString(err).decode()} ({err})")
 
-    def function(self, device_index: int, co_path: str, knl_name: str) -> ctypes.c_void_p:
+    def function(self, device_index: int, co_path: str, knl_name: str, gfx: str) -> ctypes.c_void_p:
+        """The kernel, loaded on first use; a code object whose metadata does not match `KERNEL_ARGS` is refused."""
         key = (device_index, co_path, knl_name)
         with self._lock:
             fn = self._functions.get(key)
             if fn is None:
+                reason = _checked_code_object(co_path, knl_name, gfx)
+                if reason is not None:
+                    raise RuntimeError(f"not loading {co_path}: {reason}")
                 module, fn = ctypes.c_void_p(), ctypes.c_void_p()
                 with torch.cuda.device(device_index):
                     self._check(self._hip.hipModuleLoad(ctypes.byref(module), co_path.encode()), "hipModuleLoad")
@@ -305,7 +404,8 @@ class AsmLauncher:
             HIP_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(arg_size),
             HIP_LAUNCH_PARAM_END,
         )
-        err = self._hip.hipModuleLaunchKernel(fn, grid[0], grid[1], grid[2], BLOCK_THREADS, 1, 1, 0,
+        block = LAUNCH_LAYOUT.block
+        err = self._hip.hipModuleLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0,
                                               ctypes.c_void_p(stream), None, extra)
         self._check(err, "hipModuleLaunchKernel")
 
@@ -376,7 +476,7 @@ def launch_planned(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale:
                 # made under capture, its zeros would exist only once the graph replays
                 _zero_bias[key] = bias
     launcher = _get_launcher()
-    fn = launcher.function(A.device.index, os.path.join(kernel_dir(aiter_root, gfx), cfg.co_name), cfg.knl_name)
+    fn = launcher.function(A.device.index, code_object_path(aiter_root, gfx, cfg), cfg.knl_name, gfx)
     args = kernel_args(A, B, out, A_scale, B_scale, bias, split)
     launcher.launch(fn, launch_grid(M, N, cfg.tile_m, cfg.tile_n, split), args,
                     torch.cuda.current_stream(A.device).cuda_stream)

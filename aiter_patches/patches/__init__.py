@@ -4,13 +4,15 @@ Importing this package imports no AITER module: patch modules declare targets by
 module path and import their kernels lazily, on the first fast-path call.
 Patches that wrap the same function chain by ``order`` (lower is outer):
 ``moe_addend_fold`` (10) -> ``sort_extension`` (20) -> ``moe_sort_mx_quant`` (30) -> AITER.
+``sglang_takeover`` (35) patches SGLang, not AITER: it is applied after ``moe_sort_mx_quant``.
 """
 
-from . import gemm_out_zeroed, moe_addend_fold, moe_sort_mx_quant, sort_extension
+from . import gemm_out_zeroed, moe_addend_fold, moe_sort_mx_quant, sglang_takeover, sort_extension
 
 BUILTIN_PATCHES = [
     moe_addend_fold.PATCH,
     sort_extension.PATCH,
     moe_sort_mx_quant.PATCH,
+    sglang_takeover.PATCH,
     gemm_out_zeroed.PATCH,
 ]

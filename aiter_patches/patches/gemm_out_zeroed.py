@@ -12,7 +12,6 @@ one, is exactly the original call.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from .. import runtime
@@ -29,9 +28,9 @@ def _triton():
 
 
 def _aiter_root() -> str | None:
-    mod = sys.modules.get("aiter")
-    f = getattr(mod, "__file__", None)
-    return os.path.dirname(f) if f else None
+    from ..kernels import hip_blockscale_asm as hip
+
+    return hip.aiter_root_of(sys.modules.get("aiter"))  # AITER's .co files are not inside its package
 
 
 def _wrapper(inner, site):
@@ -121,6 +120,9 @@ def _plan(bound: dict):
                            bpreshuffle=bpreshuffle)
     if plan.split <= 1:
         return "split count 1: the original launches no memset"
+    reason = hip.code_object_reason(root, plan.gfx, plan.cfg)
+    if reason is not None:
+        return f"AITER's .co refused: {reason}"
     return lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 
+from .. import foreign_layers
 from ..registry import Patch, Target
 from . import moe_call, pins, relied_on, sort_extension
 from .moe_call import ADD_AFTER, FOLDED, PENDING
@@ -102,7 +103,7 @@ def _fused_moe_wrapper(inner, site):
             counters.hit()
             return out
         if call.addend_state == PENDING:
-            counters.fallback("the sort did not run through _moe_sorting_impl (flat or FlyDSL sort)")
+            counters.fallback(foreign_layers.unreached_sort_reason())
         elif call.addend_state == FOLDED:
             counters.fallback("fused_moe returned another tensor than the sort's moe_buf")
         out.add_(moe_addend)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from .. import runtime
+from .. import foreign_layers, runtime
 from ..registry import Patch, Target
 from . import moe_call, pins, relied_on
 from .moe_call import StageOneQuant, enum_value, fused_moe_scope_wrapper, stage1_quant_targets, tensor_key
@@ -72,7 +72,7 @@ def _contribute(call, bound, site) -> None:
 
 def _count_unreached_sort(call, site) -> None:
     if not call.sort_reached:
-        site.counters.fallback("the sort did not run through _moe_sorting_impl (flat or FlyDSL sort)")
+        site.counters.fallback(foreign_layers.unreached_sort_reason())
 
 
 def _sort_wrapper(inner, site):

@@ -53,3 +53,9 @@ GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_ASM = (
         "ROCm/aiter v0.1.20 aiter/ops/gemm_op_a8w8.py:404; unchanged at e4048607a5",
     ),
 )
+
+# SGLang, for the take-over of its in-tree AITER patch (a server function, not AITER's).
+SGLANG_APPLY_SMALL_MOE_SORT_PATCH = (
+    Pin("sglang-0.5.23", "()",
+        "sglang 0.5.23 sglang/kernels/ops/moe/moe_sorting_small.py:528 (@functools.cache at 527)"),
+)

@@ -81,3 +81,21 @@ MOE_ADDEND_FOLD: tuple[SourcePin, ...] = (
 )
 SORT_EXTENSION: tuple[SourcePin, ...] = (MOE_SORTING, FUSED_MOE_2STAGES_QUANT)
 GEMM_OUT_ZEROED: tuple[SourcePin, ...] = (GEMM_ASM_CALL, GEMM_ASM_LAUNCHER)
+
+# SGLang 0.5.23 (the PyPI wheel), for the take-over of its in-tree patch. The first is also checked at
+# apply time (sglang_takeover's precheck): a changed function is not silenced.
+_SGL = "sglang 0.5.23 sglang/kernels/ops/moe/moe_sorting_small.py"
+SGLANG_APPLY_SMALL_MOE_SORT_PATCH = SourcePin(
+    "sglang.kernels.ops.moe.moe_sorting_small", "apply_aiter_small_moe_sort_patch",
+    "f194c6b5d268ef6ed1ca2e5fa734eb17e48a3c2570974714f8511a2669fb3975",
+    "only installs SGLang's wrappers on aiter.fused_moe (fused_moe, _moe_sorting_impl, "
+    "fused_dynamic_mxfp8_quant_moe_sort) and returns None: making it a no-op loses nothing else",
+    f"{_SGL}:527",
+)
+SGLANG_SMALL_SORT_SUPPORTED = SourcePin(
+    "sglang.kernels.ops.moe.moe_sorting_small", "_small_sort_supported",
+    "4d469a6fa0feadebe6504fe958496c651097c61c5829d2a971504fd99142960d",
+    "which sorts SGLang's layer takes (what status and stats say of it)",
+    f"{_SGL}:370",
+)
+SGLANG_TAKEOVER: tuple[SourcePin, ...] = (SGLANG_APPLY_SMALL_MOE_SORT_PATCH, SGLANG_SMALL_SORT_SUPPORTED)

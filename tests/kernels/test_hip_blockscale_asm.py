@@ -119,7 +119,8 @@ def _expected_args(fields_ptr, fields_u32):
 def test_pack_kernel_args_layout():
     ptrs = [0x7F0000001000 + 0x100 * i for i in range(6)]
     ints = [7, 7168, 2048, 2048, 2048, 14336, 4, 7, 56, 16]
-    got = hb.pack_kernel_args(*ptrs, *ints)
+    names = ["C", "A", "B", "SA", "SB", "BIAS", "M", "Ndim", "K", "PA", "PB", "PC", "KS", "scale_m", "scale_n", "scale_k"]
+    got = hb.pack_kernel_args(dict(zip(names, ptrs + ints)))
     assert len(got) == 256
     assert got == _expected_args(ptrs, ints)
     # ptr_C first, scale_k last: field order as in AITER's KernelArgs.
@@ -214,3 +215,28 @@ def test_zero_bias_made_under_graph_capture_is_not_cached(monkeypatch):
         hb.gemm_a8w8_blockscale_asm(**ops, aiter_root="/x", cu_num=80)
         assert len(hb._zero_bias) == cached
     assert len(launched) == 4
+
+
+def test_aiter_root_is_where_aiter_keeps_hsa(tmp_path, monkeypatch):
+    """AITER's .co files live beside its package (a checkout) or in aiter_meta/ (a wheel), never inside it."""
+    import sys
+    import types
+
+    monkeypatch.delitem(sys.modules, "aiter.jit.core", raising=False)
+    checkout = tmp_path / "checkout"
+    (checkout / "aiter").mkdir(parents=True)
+    (checkout / "hsa").mkdir()
+    pkg = types.SimpleNamespace(__file__=str(checkout / "aiter" / "__init__.py"))
+    assert hb.aiter_root_of(pkg) == str(checkout)
+    site = tmp_path / "site-packages"
+    (site / "aiter").mkdir(parents=True)
+    (site / "aiter_meta" / "hsa").mkdir(parents=True)
+    assert hb.aiter_root_of(types.SimpleNamespace(__file__=str(site / "aiter" / "__init__.py"))) == \
+        str(site / "aiter_meta")
+    bare = tmp_path / "bare"
+    (bare / "aiter").mkdir(parents=True)
+    assert hb.aiter_root_of(types.SimpleNamespace(__file__=str(bare / "aiter" / "__init__.py"))) == str(bare)
+    assert hb.aiter_root_of(None) is None
+    # AITER's own answer (aiter.jit.core.AITER_ASM_DIR, which honours AITER_META_DIR) wins
+    monkeypatch.setitem(sys.modules, "aiter.jit.core", types.SimpleNamespace(AITER_ASM_DIR=f"{tmp_path}/meta/hsa/"))
+    assert hb.aiter_root_of(pkg) == str(tmp_path / "meta")

@@ -1,18 +1,20 @@
 """Fixtures for patch tests: the stand-in AITER, imported fresh for each test and gone afterwards."""
 
+import importlib
+
 import pytest
 import torch
 
 from aiter_patches.testing import use_stub_aiter
+from helpers import registry_view
 
 
 @pytest.fixture
 def stub():
-    """The stand-in ``aiter`` package with ``aiter.fused_moe`` and the GEMM module imported; no patch applied."""
+    """The stand-in ``aiter`` package with every module a patch targets imported (the registry says which); no patch applied."""
     with use_stub_aiter() as aiter:
-        import aiter.fused_moe  # noqa: F401
-        import aiter.ops.gemm_op_a8w8  # noqa: F401
-
+        for module in sorted({m for n in registry_view.stand_in_names() for m in registry_view.modules(n)}):
+            importlib.import_module(module)
         yield aiter
 
 

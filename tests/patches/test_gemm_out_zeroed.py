@@ -334,6 +334,7 @@ def test_real_aiter_branch_plans_once_and_launches_without_memset(stub, device, 
     monkeypatch.setattr(hb, "gfx_of", lambda device: "gfx942")
     monkeypatch.setattr(hb, "load_kernel_list", lambda root, gfx: [kernel])
     monkeypatch.setattr(hb, "select_kernel", select)
+    monkeypatch.setattr(hb, "code_object_reason", lambda root, gfx, cfg: None)  # a made-up .co (see test_code_object)
     monkeypatch.setattr(hb, "_get_launcher", lambda: FakeLauncher())
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=80))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: types.SimpleNamespace(cuda_stream=0))

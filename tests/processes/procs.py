@@ -15,9 +15,14 @@ HERE = Path(__file__).resolve().parent
 
 
 def env(**extra: str) -> dict[str, str]:
-    """This environment with only the stand-in on PYTHONPATH (so ``import aiter`` finds it) and no patch switches."""
+    """This environment with the stand-in on PYTHONPATH (so ``import aiter`` finds it) and no patch switches.
+
+    This checkout follows it on PYTHONPATH: a process started under ``run``
+    imports ``aiter_patches`` from ``sitecustomize``, before the current
+    directory is on ``sys.path``, and must not find another installed copy.
+    """
     e = {k: v for k, v in os.environ.items() if not k.startswith("AITER_PATCHES")}
-    e["PYTHONPATH"] = STUB_ROOT
+    e["PYTHONPATH"] = os.pathsep.join([STUB_ROOT, str(ROOT)])
     e["TRITON_INTERPRET"] = "1"  # the workers' tensors are on CPU
     e.update(extra)
     return e

@@ -4,7 +4,7 @@ Like a server module it binds AITER's function with ``from aiter.fused_moe
 import fused_moe`` at import time, before any code of its own runs; each
 spawned worker re-imports this file as ``__mp_main__`` and does the same.
 Each worker then calls ``fused_moe(..., moe_addend=...)``, a keyword only the
-``moe_addend_fold`` patch understands, and reports what happened. The parent
+addend-fold patch understands, and reports what happened. The parent
 prints one JSON line: its pid and the workers' reports.
 """
 
@@ -34,6 +34,7 @@ def _inputs(rank):
 
 def worker(rank, queue):
     import aiter_patches  # read-only here: status() and stats() patch nothing
+    from aiter_patches.patches.moe_addend_fold import NAME as ADDEND_PATCH
 
     args, addend = _inputs(rank)
     try:
@@ -49,7 +50,7 @@ def worker(rank, queue):
         "pid": os.getpid(),
         "marker": getattr(fused_moe, "__aiter_patches__", None),
         "call": call,
-        "fast": aiter_patches.stats()["moe_addend_fold"]["fast"],
+        "fast": aiter_patches.stats()[ADDEND_PATCH]["fast"],
         "states": {p["name"]: p["state"] for p in aiter_patches.status()["patches"]},
     })
 

@@ -1,5 +1,6 @@
 """The per-process summary and status lines, in this process, and reading them back from a log."""
 
+import importlib
 import json
 import logging
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 import aiter_patches
 from aiter_patches import process_report
 from aiter_patches.testing import use_stub_aiter
+from helpers import registry_view
 
 from .procs import ROOT
 
@@ -26,26 +28,43 @@ def lines(caplog, prefix):
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
 
 
+def _by_state(names, state_of, state):
+    return [n for n in names if state_of[n] == state]
+
+
+def _listed(state, names):
+    return f"{state} {len(names)} ({', '.join(names)})"
+
+
 def test_one_summary_when_pending_patches_apply_at_import(fresh_report, caplog, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
+    names = registry_view.names()
     with caplog.at_level(logging.INFO, logger="aiter_patches"), use_stub_aiter():
-        aiter_patches.apply()  # aiter is imported, aiter.fused_moe not yet
+        aiter_patches.apply()  # aiter is imported, its submodules the package does not import are not
+        before = registry_view.expected_before_import()
+        first_states = {n: ("applied" if all(m in sys.modules for m in registry_view.modules(n)) else before[n])
+                        for n in names}
         first = lines(caplog, SUMMARY)
-        import aiter.fused_moe  # noqa: F401  (three pending patches apply here, one hook each)
+        waiting = sorted({m for n in _by_state(names, first_states, "pending") for m in registry_view.modules(n)
+                          if registry_view.on_stand_in(m)})
+        assert waiting, "the set-up must leave a patch pending on a stand-in module"
+        for m in waiting:  # the pending patches apply here, one hook each, one summary for the import
+            importlib.import_module(m)
 
         after = lines(caplog, SUMMARY)
         aiter_patches.apply()  # changes nothing: no new line
         assert lines(caplog, SUMMARY) == after
         final = process_report.status_record()
-    assert len(first) == 1 and "applied 1 (gemm_out_zeroed)" in first[0]
-    assert "pending 3 (moe_addend_fold, sort_extension, moe_sort_mx_quant) waiting for import of aiter.fused_moe" \
-        in first[0]
-    assert len(after) == 2, after
-    assert "[RANK=3]" in after[1] and "via apply" in after[1]
-    assert "applied 4 (moe_addend_fold, sort_extension, moe_sort_mx_quant, gemm_out_zeroed)" in after[1]
+    assert len(first) == 1 and _listed("applied", _by_state(names, first_states, "applied")) in first[0]
+    pending_first = _by_state(names, first_states, "pending")
+    assert _listed("pending", pending_first) in first[0] and "waiting for import of " in first[0]
+    assert len(after) == 1 + len(waiting), after
+    assert "[RANK=3]" in after[-1] and "via apply" in after[-1]
+    expected = registry_view.expected_on_stand_in()
+    assert _listed("applied", _by_state(names, expected, "applied")) in after[-1]
     statuses = lines(caplog, process_report.MARKER)
-    assert len(statuses) == 2
+    assert len(statuses) == len(after)
     assert process_report.read_log(statuses) == [final]
 
 
@@ -53,20 +72,27 @@ def test_a_process_without_aiter_logs_at_debug_only(fresh_report, caplog):
     with caplog.at_level(logging.DEBUG, logger="aiter_patches"):
         aiter_patches.apply()
     (record,) = [r for r in caplog.records if r.getMessage().startswith(SUMMARY)]
-    assert record.levelno == logging.DEBUG and "pending 4" in record.getMessage()
+    pending = [n for n, st in registry_view.expected_before_import().items() if st == "pending"]
+    assert record.levelno == logging.DEBUG and f"pending {len(pending)}" in record.getMessage()
 
 
 def test_skipped_and_disabled_are_named(fresh_report, caplog, monkeypatch):
-    monkeypatch.setenv("AITER_PATCHES_DISABLE", "gemm_out_zeroed")
+    names = registry_view.names()
+    shared = registry_view.shared_location()
+    victims = [n for n in names if shared in registry_view.locations(n)]
+    bystander = next(n for n in registry_view.stand_in_names() if n not in victims)
+    monkeypatch.setenv("AITER_PATCHES_DISABLE", bystander)
+    module, attr = shared.rsplit(".", 1)
     with caplog.at_level(logging.INFO, logger="aiter_patches"), use_stub_aiter():
-        import aiter.fused_moe as fm
-
-        monkeypatch.setattr(fm, "_moe_sorting_impl", lambda topk_ids, other: None)  # a drifted signature
+        for n in victims:
+            for m in registry_view.modules(n):
+                importlib.import_module(m)
+        monkeypatch.setattr(sys.modules[module], attr, lambda topk_ids, other: None)  # a drifted signature
         aiter_patches.apply()
         monkeypatch.undo()
     (line,) = lines(caplog, SUMMARY)
-    assert "skipped 3 (moe_addend_fold, sort_extension, moe_sort_mx_quant)" in line
-    assert "disabled 1 (gemm_out_zeroed)" in line
+    assert _listed("skipped", victims) in line
+    assert _listed("disabled", [bystander]) in line
 
 
 def test_read_log_takes_the_last_line_per_pid_after_any_prefix():
@@ -98,7 +124,7 @@ def test_status_from_log_cli(tmp_path, fresh_report, monkeypatch):
     path.write_text(log)
     as_json = _status_from_log(str(path), "--json")
     assert as_json.returncode == 0, as_json.stderr
-    assert json.loads(as_json.stdout) == {"processes": [record]}
+    assert json.loads(as_json.stdout) == {"processes": [record], "stats": {}}
     text = _status_from_log("-", stdin=log)
     assert text.returncode == 0
     assert text.stdout.strip() == process_report.summary_line(record).removeprefix("aiter_patches: ")
@@ -109,3 +135,70 @@ def test_status_from_log_cli(tmp_path, fresh_report, monkeypatch):
     assert none.returncode == 1 and "no 'aiter_patches status:' lines" in none.stderr
     missing = _status_from_log(str(tmp_path / "missing.log"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def _status(pid, state="applied", **extra):
+    return process_report.MARKER + json.dumps({"pid": pid, "patches": [{"name": "p", "state": state}], **extra})
+
+
+@pytest.mark.parametrize("cut", [5, 19, 30, -2])
+def test_a_cut_status_line_followed_on_the_same_line_by_another_loses_neither(cut):
+    first = _status(21, reason_text="x" * 40, title="a title")
+    log = [
+        "INFO " + first,
+        "INFO " + first[:cut] + "INFO " + _status(22, "pending"),  # 21's second line cut short, then 22's whole line
+        "INFO " + _status(23) + " INFO " + _status(24),  # two whole lines run together
+    ]
+    got = {r["pid"]: r["patches"][0]["state"] for r in process_report.read_log(log)}
+    assert got == {21: "applied", 22: "pending", 23: "applied", 24: "applied"}
+
+
+def test_a_record_that_swallows_the_next_marker_is_not_taken():
+    swallowing = process_report.MARKER + '{"pid": 31, "patches": [], "title": "cut ' + _status(32) + '"}'
+    got = [r["pid"] for r in process_report.read_log([swallowing])]
+    assert got == [32]
+
+
+def test_status_and_summary_lines_stay_under_the_atomic_pipe_write(fresh_report, caplog, monkeypatch):
+    record = process_report.status_record()
+    many = [f"sglang.srt.layers.moe.module_{i:03d}.fused_moe" for i in range(120)]
+    for p in record["patches"]:
+        p["state"], p["reason"] = "applied", "signature drifted (" + "missing parameter 'x'; " * 40 + ")"
+        p["targets"] = [{"location": "aiter.fused_moe.fused_moe", "pin": "v0.1.20", "aliases": many}]
+    record["aiter"]["imported"] = True
+    monkeypatch.setattr(process_report, "status_record", lambda: record)
+    with caplog.at_level(logging.INFO, logger="aiter_patches"):
+        process_report.log_if_changed()
+    written = [r.getMessage() for r in caplog.records]
+    assert len(written) == 2
+    for line in written:
+        assert len(("INFO " + line + "\n").encode()) <= 4096 - 512, len(line)
+    (back,) = process_report.read_log(written)
+    assert back["condensed"] is True and back["pid"] == record["pid"]
+    assert [(p["name"], p["state"]) for p in back["patches"]] == [(p["name"], p["state"]) for p in record["patches"]]
+    assert "more)" in written[0], "the summary says how many aliases it left out"
+
+
+ODD_SHAPES = {
+    "patches null": {"patches": None},
+    "patches {}": {"patches": {}},
+    "patches [{}]": {"patches": [{}]},
+    "env not an object": {"env": "RANK=1"},
+    "via a number": {"via": 3},
+    "targets not a list": {"patches": [{"name": "p", "state": "applied", "targets": 5}]},
+}
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=list(ODD_SHAPES))
+def test_status_from_log_skips_odd_shaped_records_and_counts_them(tmp_path, shape):
+    good = {"pid": 41, "patches": [{"name": "p", "state": "applied"}], "via": ["run"]}
+    odd = {**good, "pid": 42, **ODD_SHAPES[shape]}
+    path = tmp_path / "server.log"
+    path.write_text("".join(f"INFO {process_report.MARKER}{json.dumps(r)}\n" for r in (good, odd, odd)))
+    for args in ((str(path),), (str(path), "--json")):
+        proc = _status_from_log(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "skipped 2 status record(s) of an unexpected shape" in proc.stderr
+        assert "process 41 " in proc.stdout or '"pid": 41' in proc.stdout
+        assert "42" not in proc.stdout

@@ -7,11 +7,11 @@ import sys
 
 from aiter_patches.bootstrap import BOOTSTRAP_DIR
 from aiter_patches.launcher import child_env
+from helpers import registry_view
 
 from .procs import ROOT, env, python, records, run_cmd, states, summaries
 
-PENDING_ALL = {"moe_addend_fold": "pending", "sort_extension": "pending", "moe_sort_mx_quant": "pending",
-               "gemm_out_zeroed": "pending"}
+PENDING_ALL = registry_view.expected_before_import()  # nothing of AITER imported yet
 SHOW_STATES = ("import aiter_patches, sys; "
                "print({p['name']: p['state'] for p in aiter_patches.status()['patches']}); "
                "print(sys.modules['sitecustomize'].__file__)")
@@ -99,7 +99,7 @@ def test_a_forked_child_reports_the_patches_it_inherited():
     child, status = (int(v) for v in proc.stdout.split())
     assert status == 0
     assert len(summaries(proc.stderr, child)) == 1
-    assert set(states(records(proc.stderr)[child]).values()) == {"applied"}
+    assert states(records(proc.stderr)[child]) == registry_view.expected_on_stand_in()
 
 
 def test_child_env_prefixes_pythonpath_once():
@@ -107,3 +107,27 @@ def test_child_env_prefixes_pythonpath_once():
     assert e["PYTHONPATH"] == os.pathsep.join([BOOTSTRAP_DIR, "/a", "/b"])
     assert child_env({})["PYTHONPATH"] == BOOTSTRAP_DIR
     assert child_env({}, verbose=True)["AITER_PATCHES_LOG_LEVEL"] == "DEBUG"
+
+
+def test_child_env_keeps_empty_pythonpath_entries_exactly():
+    sep = os.pathsep
+    assert child_env({"PYTHONPATH": f"{sep}/a{sep}{sep}"})["PYTHONPATH"] == sep.join([BOOTSTRAP_DIR, "", "/a", "", ""])
+    assert child_env({"PYTHONPATH": sep.join(["/a", BOOTSTRAP_DIR, ""])})["PYTHONPATH"] == sep.join(
+        [BOOTSTRAP_DIR, "/a", ""])
+    assert child_env({"PYTHONPATH": ""})["PYTHONPATH"] == BOOTSTRAP_DIR, "an empty PYTHONPATH has no entry"
+
+
+def test_an_empty_pythonpath_entry_imports_the_same_module_with_and_without_run(tmp_path):
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    (work / "aiter_patches_cwd_probe.py").write_text("")
+    script = elsewhere / "show.py"  # sys.path[0] is this folder: only the empty entry reaches the cwd
+    script.write_text("import aiter_patches_cwd_probe\nprint(aiter_patches_cwd_probe.__file__)\n")
+    e = env(PYTHONPATH=os.pathsep.join([env()["PYTHONPATH"], str(ROOT), ""]))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=work, env=e, timeout=60)
+    under = subprocess.run(run_cmd(sys.executable, str(script)), capture_output=True, text=True, cwd=work, env=e,
+                           timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    assert under.returncode == 0, under.stderr
+    assert under.stdout == plain.stdout == f"{work / 'aiter_patches_cwd_probe.py'}\n"

@@ -6,10 +6,13 @@ import sys
 
 import pytest
 
+from aiter_patches.patches.moe_addend_fold import NAME as ADDEND_PATCH
+from helpers import registry_view
+
 from .procs import HERE, ROOT, python, records, states, summaries
 
 SERVER = str(HERE / "spawn_server.py")
-ALL = {"moe_addend_fold", "sort_extension", "moe_sort_mx_quant", "gemm_out_zeroed"}
+EXPECTED = registry_view.expected_on_stand_in()
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +33,12 @@ def test_every_spawned_worker_is_patched_and_calls_the_patch(served):
     out, _ = served
     assert len(out["workers"]) == 2
     for w in out["workers"]:
-        assert w["marker"] == "moe_addend_fold", "the worker's own `from aiter.fused_moe import fused_moe` is patched"
+        assert w["marker"] == registry_view.outermost_at("aiter.fused_moe.fused_moe"), \
+            "the worker's own `from aiter.fused_moe import fused_moe` is patched"
         assert w["call"] == "ok", w["call"]
         assert w["fast"] == 1, "the addend was folded by the patch, not added by a fallback"
-        assert w["states"] == {name: "applied" for name in ALL}
+        assert w["states"] == EXPECTED
+        assert ADDEND_PATCH in EXPECTED, "the worker's call exercises this patch"
 
 
 def test_every_process_logs_its_own_summary_with_its_rank(served):
@@ -43,7 +48,8 @@ def test_every_process_logs_its_own_summary_with_its_rank(served):
         assert lines, f"no summary line for worker {w['pid']}:\n{log}"
         final = lines[-1]
         assert f"RANK={w['rank']}" in final and f"LOCAL_RANK={w['rank']}" in final
-        assert "via run" in final and "applied 4 (" in final and "pending" not in final
+        applied = [n for n, s in EXPECTED.items() if s == "applied"]
+        assert "via run" in final and f"applied {len(applied)} ({', '.join(applied)})" in final
     assert summaries(log, out["parent"]), "the parent is patched too"
 
 
@@ -60,7 +66,7 @@ def test_status_from_log_reads_every_process_back(served, tmp_path):
         rec = by_pid[w["pid"]]
         assert rec["ppid"] == out["parent"]
         assert rec["env"] == {"RANK": str(w["rank"]), "LOCAL_RANK": str(w["rank"])}
-        assert states(rec) == {name: "applied" for name in ALL}
+        assert states(rec) == EXPECTED
         assert rec["aiter"]["stand_in"] is True and rec["via"] == ["run"]
     assert records(log) == by_pid
 

@@ -1,0 +1,275 @@
+"""What ran, for operators: each process logs its counters at exit and, if asked, every N seconds.
+
+``stats()`` lives in one process's memory; a server is many processes, and an
+operator reads logs. So each process that applied a patch logs, on the
+``aiter_patches`` logger at INFO, one line per applied patch at exit (atexit)
+and every ``AITER_PATCHES_STATS_INTERVAL`` seconds when that is set (only lines
+whose counts changed):
+
+    aiter_patches stats: {"pid":4242,"patch":"moe_sort_mx_quant","at":"exit","fast":812,"fallback":{...},...}
+
+fast-path hits, fallbacks by reason, fast-path errors and the foreign layers
+seen on the patch's targets. A line stays under 4 KiB: the rarest reasons are
+folded into a ``*_more`` count. ``aiter-patches status --from-log`` sums the
+latest line of each (pid, patch) over the processes of a log.
+
+The interval thread is a daemon (it never keeps a process alive) and is
+restarted in a forked child, whose lines count only its own calls (the counts
+it inherited at the fork are subtracted). Processes that leave through
+``os._exit`` (multiprocessing's fork workers) or a signal log no exit line: set
+the interval for those.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+from typing import Any, Iterable
+
+log = logging.getLogger("aiter_patches")
+
+MARKER = "aiter_patches stats: "
+INTERVAL_ENV = "AITER_PATCHES_STATS_INTERVAL"
+MAX_LINE = 3800  # bytes of the message; a log format's prefix keeps the whole line under 4 KiB
+_MAX_KEY = 240  # characters of one reason
+_MAX_FOREIGN = 400
+
+_lock = threading.Lock()
+_started_pid: int | None = None
+_fork_hook = False
+_thread: threading.Thread | None = None
+_stop: threading.Event | None = None
+_baseline: dict[str, dict[str, Any]] = {}  # counts inherited through fork, per patch
+_last: dict[str, str] = {}  # per patch, the counts part of the last line logged
+
+
+def interval() -> float | None:
+    """Seconds between periodic lines, or None (unset, empty, not a positive number)."""
+    raw = os.environ.get(INTERVAL_ENV, "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def ensure_started() -> None:
+    """Once per process, after a patch applied: register the exit line and start the interval thread."""
+    global _started_pid, _fork_hook
+    with _lock:
+        if _started_pid == os.getpid():
+            return
+        _started_pid = os.getpid()
+        atexit.register(_at_exit)
+        if not _fork_hook and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook = True
+        _start_thread()
+
+
+def _start_thread() -> None:
+    global _thread, _stop
+    seconds = interval()
+    if seconds is None:
+        return
+    stop = threading.Event()
+    t = threading.Thread(target=_run, args=(stop, seconds), name="aiter_patches-stats", daemon=True)
+    _thread, _stop = t, stop
+    t.start()
+
+
+def _run(stop: threading.Event, seconds: float) -> None:
+    while not stop.wait(seconds):
+        log_stats("interval")
+
+
+def stop_thread() -> None:
+    """Stop the interval thread of this process (tests; a server never needs to)."""
+    global _thread, _stop
+    if _stop is not None:
+        _stop.set()
+    if _thread is not None and _thread is not threading.current_thread():
+        _thread.join(timeout=5)
+    _thread, _stop = None, None
+
+
+def _after_fork_in_child() -> None:
+    """The parent's thread is gone; its counts are not this process's. Never blocks (no lock taken)."""
+    global _thread, _stop, _lock, _started_pid
+    _lock = threading.Lock()
+    _thread, _stop = None, None
+    _last.clear()
+    try:
+        from . import registry  # its own fork handler has already given the child fresh locks
+
+        _baseline.clear()
+        for name, c in list(registry._counters.items()):  # the child has one thread: plain reads are safe
+            _baseline[name] = {"fast": c._fast, "fallback": dict(c._fallback), "errors": dict(c._errors)}
+        if _started_pid is not None:
+            _started_pid = os.getpid()  # the exit handler is inherited; the thread is started again
+            _start_thread()
+    except Exception:  # never in the way of a fork
+        pass
+
+
+def _at_exit() -> None:
+    if _started_pid == os.getpid():
+        stop_thread()
+        log_stats("exit")
+
+
+def _minus(now: dict[str, int], base: dict[str, int]) -> dict[str, int]:
+    return {k: v - base.get(k, 0) for k, v in now.items() if v - base.get(k, 0) > 0}
+
+
+def records() -> list[dict[str, Any]]:
+    """This process's counts per applied patch (since its start, or its fork), with the foreign layers seen."""
+    from . import registry
+
+    out = []
+    st = {p["name"]: p for p in registry.status()["patches"]}
+    snaps = registry.stats()
+    for name, rec in st.items():
+        if rec["state"] != registry.APPLIED:
+            continue
+        snap, base = snaps.get(name, {}), _baseline.get(name, {})
+        out.append({
+            "pid": os.getpid(),
+            "patch": name,
+            "fast": snap.get("fast", 0) - base.get("fast", 0),
+            "fallback": _minus(snap.get("fallback", {}), base.get("fallback", {})),
+            "errors": _minus(snap.get("errors", {}), base.get("errors", {})),
+            "foreign_layers": [layer["text"] for layer in rec.get("foreign_layers", [])],
+        })
+    return out
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def line(record: dict[str, Any]) -> str:
+    """One stats line, under ``MAX_LINE`` bytes: the rarest reasons folded into ``fallback_more``/``errors_more``."""
+    rec = dict(record)
+    for key in ("fallback", "errors"):
+        rec[key] = {_cut(k, _MAX_KEY): v for k, v in sorted(rec.get(key, {}).items(), key=lambda kv: -kv[1])}
+    rec["foreign_layers"] = [_cut(f, _MAX_FOREIGN) for f in rec.get("foreign_layers", [])]
+
+    def text() -> str:
+        return MARKER + json.dumps(rec, separators=(",", ":"), default=str)
+
+    out = text()
+    while len(out.encode("utf-8")) > MAX_LINE:
+        key = max(("fallback", "errors"), key=lambda k: len(rec[k]))
+        if rec[key]:
+            reason = min(rec[key], key=lambda k: rec[key][k])
+            calls = rec[key].pop(reason)
+            more = rec.setdefault(f"{key}_more", {"reasons": 0, "calls": 0})
+            more["reasons"] += 1
+            more["calls"] += calls
+        elif rec["foreign_layers"]:
+            rec["foreign_layers"].pop()
+            rec["foreign_layers_more"] = rec.get("foreign_layers_more", 0) + 1
+        else:  # pragma: no cover - a record without lists is far below the limit
+            break
+        out = text()
+    return out
+
+
+def log_stats(at: str) -> None:
+    """Log one line per applied patch (``at``: "exit" or "interval"; at an interval only changed ones). Never raises."""
+    try:
+        from . import process_report
+
+        process_report.log_if_changed()  # a foreign layer seen since the last status line gets one
+        for rec in records():
+            counts = json.dumps([rec["fast"], rec["fallback"], rec["errors"], rec["foreign_layers"]], sort_keys=True)
+            if at == "interval" and _last.get(rec["patch"]) == counts:
+                continue
+            _last[rec["patch"]] = counts
+            log.info("%s", line({"pid": rec["pid"], "patch": rec["patch"], "at": at,
+                                 **{k: rec[k] for k in ("fast", "fallback", "errors", "foreign_layers")}}))
+    except Exception:  # reporting must never break a server, least of all at exit
+        log.debug("aiter_patches: could not write the stats lines", exc_info=True)
+
+
+# ---------------------------------------------------------------- reading a log back
+
+def read_stats(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The latest stats record of each (pid, patch) in a log; text that does not parse is ignored.
+
+    Like the status reader, every marker on a line is read on its own: a line cut
+    short can run on into another process's whole line.
+    """
+    decoder = json.JSONDecoder()
+    latest: dict[tuple[int, str], dict[str, Any]] = {}
+    for text in lines:
+        at = text.find(MARKER)
+        while at >= 0:
+            nxt = text.find(MARKER, at + 1)
+            try:
+                rec, end = decoder.raw_decode(text, at + len(MARKER))
+            except ValueError:
+                rec, end = None, at
+            if (nxt < 0 or end <= nxt) and isinstance(rec, dict) and isinstance(rec.get("pid"), int) \
+                    and isinstance(rec.get("patch"), str):
+                latest[(rec["pid"], rec["patch"])] = rec
+            at = nxt
+    return list(latest.values())
+
+
+def _add(into: dict[str, int], more: Any) -> None:
+    if isinstance(more, dict):
+        for k, v in more.items():
+            if isinstance(v, int):
+                into[k] = into.get(k, 0) + v
+
+
+def summed(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per patch, over processes: hits, fallbacks by reason, errors, the foreign layers any process saw."""
+    out: dict[str, dict[str, Any]] = {}
+    for rec in records_:
+        s = out.setdefault(rec["patch"], {"processes": 0, "fast": 0, "fallback": {}, "errors": {},
+                                          "foreign_layers": []})
+        s["processes"] += 1
+        s["fast"] += rec.get("fast", 0) if isinstance(rec.get("fast"), int) else 0
+        _add(s["fallback"], rec.get("fallback"))
+        _add(s["errors"], rec.get("errors"))
+        for key in ("fallback_more", "errors_more"):
+            if isinstance(rec.get(key), dict):
+                s.setdefault(key, {"reasons": 0, "calls": 0})
+                _add(s[key], rec[key])
+        for f in rec.get("foreign_layers") or []:
+            if isinstance(f, str) and f not in s["foreign_layers"]:
+                s["foreign_layers"].append(f)
+    return out
+
+
+def render(sums: dict[str, dict[str, Any]]) -> list[str]:
+    """The human lines of ``status --from-log`` for the sums."""
+    out = []
+    foreign: dict[str, list[str]] = {}
+    for name, s in sums.items():
+        n_fb = sum(s["fallback"].values()) + s.get("fallback_more", {}).get("calls", 0)
+        n_err = sum(s["errors"].values()) + s.get("errors_more", {}).get("calls", 0)
+        text = f"{name}: {s['fast']} fast-path hits, {n_fb} fallbacks, {n_err} errors over {s['processes']} processes"
+        out.append(text)
+        for reason, n in sorted(s["fallback"].items(), key=lambda kv: -kv[1]):
+            out.append(f"    fallback {n}: {reason}")
+        if s.get("fallback_more"):
+            out.append(f"    fallback {s['fallback_more']['calls']}: {s['fallback_more']['reasons']} rarer reasons "
+                       "(cut from the lines)")
+        for key, n in sorted(s["errors"].items(), key=lambda kv: -kv[1]):
+            out.append(f"    error {n}: {key}")
+        if s.get("errors_more"):
+            out.append(f"    error {s['errors_more']['calls']}: {s['errors_more']['reasons']} rarer kinds "
+                       "(cut from the lines)")
+        for f in s["foreign_layers"]:
+            foreign.setdefault(f, []).append(name)
+    if foreign:
+        out.append("foreign layers seen:")
+        out.extend(f"    {f} [{', '.join(names)}]" for f, names in foreign.items())
+    return out
