@@ -44,6 +44,7 @@ from aiter_patches.kernels.moe_sort_mx_quant import moe_sort_mx_quant  # noqa: E
 from bench import harness  # noqa: E402
 
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+DECODE = TOKENS  # the name bench/bench_vs_aiter_rocm.py reads the decode token counts by
 PREFILL = [2048, 8192, 32768]
 MODELS = [(256, 8, 7168), (896, 16, 3584), (128, 4, 6144), (128, 8, 4096)]
 BLOCK = 32
