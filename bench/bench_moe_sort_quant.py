@@ -1,18 +1,38 @@
-"""Benchmark: patched (one launch; four above ONE_LAUNCH_MAX_PAIRS pairs) MoE sort + moe_buf zero + MXFP4 quant vs a multi-launch torch path.
+"""Benchmark: patched MoE sort + moe_buf zero + MXFP4 quant, its decode methods, and AITER's own Triton chain.
 
 GPU time per call from CUDA-graph replay of many back-to-back calls (how a decode step runs),
-median of several replays, inputs rotated over several sets, never all-zero. Every row also
-shows, measured in the same run, the launch floor (an empty Triton kernel's replay time) and
-the byte floor (bytes that must move over the measured device copy bandwidth).
+median of several replays, inputs rotated over several sets. Every row also shows the byte
+floor (bytes that must move over the device copy bandwidth measured in the same run); the
+header gives the launch floor (an empty Triton kernel's replay time).
 
-    python bench/bench_moe_sort_quant.py --out docs/bench/moe_sort_quant_h200.md
+Columns, one process, one GPU:
+
+* ``new``: the kernel as configured (module constants); ``path`` says which position method
+  the row took (``compare``/``sort``: the E-independent decode methods, ``count``: the
+  per-program expert count, ``prescanned``: four launches).
+* ``old``: ``DECODE_MAX_PAIRS = 0`` (the code before the decode methods), ``sort`` and
+  ``compare``: each decode method forced over the whole one-launch range (``compare`` only
+  up to ``--compare-max-pairs``), so one run sets the thresholds.
+* ``sort+zero``: the sort and ``moe_buf`` zero-fill alone (no quant), new and old.
+* ``AITER chain``: AITER's Triton path per MoE layer (bench/aiter_triton.py: id fill, the
+  four-launch aligner, an id conversion, the ``moe_buf`` zero-fill, the Triton MXFP4 sort-quant);
+  ``AITER quant``: its quant launch alone on the chain's sorted ids. Timed only: on NVIDIA its
+  scale bytes are not AITER's HIP bytes (design.md). Needs ``--aiter-src`` (or ``AITER_SRC``):
+  a folder holding AITER's ``aiter/`` package, or at least ``aiter/ops/triton``.
+
+    python bench/bench_moe_sort_quant.py --aiter-src .aiter_src --out docs/bench/moe_sort_quant_h200.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import multiprocessing
+import os
+import shlex
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -20,130 +40,213 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiter_patches.kernels import moe_sort_mx_quant as kernel  # noqa: E402
-from aiter_patches.kernels.moe_sort_mx_quant import moe_sort_mx_quant, sort_sizes  # noqa: E402
-from aiter_patches.reference.mx_quant import (  # noqa: E402
-    e8m0_scale_bytes,
-    mx_element_codes,
-    mx_format,
-    mx_scale_swizzle_index,
-    scale_shape,
-)
-from bench.harness import copy_bandwidth, graph_us, launch_floor_us  # noqa: E402
+from aiter_patches.kernels.moe_sort_mx_quant import moe_sort_mx_quant  # noqa: E402
+from bench import harness  # noqa: E402
 
-DECODE = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+DECODE = TOKENS  # the name bench/bench_vs_aiter_rocm.py reads the decode token counts by
 PREFILL = [2048, 8192, 32768]
-MODELS = [(256, 8, 7168), (128, 4, 6144), (896, 16, 3584), (128, 8, 2048)]
+MODELS = [(256, 8, 7168), (896, 16, 3584), (128, 4, 6144), (128, 8, 4096)]
 BLOCK = 32
 SETS = 3
 FP4 = torch.float4_e2m1fn_x2
+DEV = "cuda"  # tests run the whole table on CPU (interpreter) with graph_us replaced
+FORCED = {  # module constants per measured method
+    "old": dict(DECODE_MAX_PAIRS=0),
+    "sort": dict(DECODE_MAX_PAIRS=kernel.ONE_LAUNCH_MAX_PAIRS, DECODE_COMPARE_MAX_PAIRS=0),
+    "compare": dict(DECODE_MAX_PAIRS=kernel.ONE_LAUNCH_MAX_PAIRS,
+                    DECODE_COMPARE_MAX_PAIRS=kernel.ONE_LAUNCH_MAX_PAIRS),
+}
 
 
-def graph_time_us(fn, calls: int, replays: int) -> float:
+@contextlib.contextmanager
+def constants(values: dict):
+    saved = {k: getattr(kernel, k) for k in values}
+    for k, v in values.items():
+        setattr(kernel, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(kernel, k, v)
+
+
+def graph_time_us(fn, calls: int, replays: int = 7) -> float:
     """Median per-call time of ``calls`` back-to-back ``fn(i)`` captured in one CUDA graph."""
-    return graph_us([functools.partial(fn, i) for i in range(calls)], calls, replays)
-
-
-def torch_multi_launch(ids, w, x, num_experts, block, model_dim):
-    """Sort with torch ops, zero moe_buf, MX-quantize, scatter the scales to sorted rows."""
-    M, K = ids.shape
-    dev = ids.device
-    n_sorted, n_blocks = sort_sizes(M, K, num_experts, block)
-    flat = ids.reshape(-1).long()
-    order = torch.sort(flat, stable=True).indices
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block - 1) // block * block
-    seg_end = torch.cumsum(padded, 0)
-    seg_start = seg_end - padded
-    cnt_start = torch.cumsum(counts, 0) - counts
-    e_sorted = flat[order]
-    pos = seg_start[e_sorted] + torch.arange(M * K, device=dev) - cnt_start[e_sorted]
-    sorted_ids = torch.full((n_sorted,), (K << 24) | M, dtype=torch.int32, device=dev)
-    sorted_ids[pos] = (((order % K) << 24) | (order // K)).int()
-    sorted_w = torch.zeros(n_sorted, dtype=torch.float32, device=dev)
-    sorted_w[pos] = w.reshape(-1)[order]
-    blocks = torch.arange(n_blocks, device=dev) * block
-    sorted_e = torch.searchsorted(seg_end, blocks, right=True).int()
-    num_valid = torch.stack([seg_end[-1], torch.full_like(seg_end[-1], M)]).int()
-    moe_buf = torch.zeros(M, model_dim, dtype=torch.bfloat16, device=dev)
-
-    fmt = mx_format(FP4)
-    N = x.shape[1]
-    groups = x.float().reshape(M, N // 32, 32)
-    scale = e8m0_scale_bytes(groups, fmt)
-    codes = mx_element_codes(groups, scale, fmt).reshape(M, N)
-    data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-    rows, snp = scale_shape(n_sorted, N)
-    out_scale = torch.empty(rows * snp, dtype=torch.uint8, device=dev)
-    g = torch.arange(N // 32, device=dev)
-    addr = mx_scale_swizzle_index(pos[:, None], g[None, :], snp)
-    out_scale[addr.reshape(-1)] = scale[order // K].reshape(-1).to(torch.uint8)
-    return sorted_ids, sorted_w, sorted_e, num_valid, moe_buf, data, out_scale
+    return harness.graph_us([functools.partial(fn, i) for i in range(calls)], calls, replays)
 
 
 def make_inputs(M, K, E, N, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    ids = torch.argsort(torch.rand(M, E, device="cuda", generator=g), dim=1)[:, :K].int().contiguous()
-    w = torch.rand(M, K, device="cuda", generator=g) + 0.01
-    x = (torch.randn(M, N, device="cuda", generator=g) + 0.1).bfloat16()
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    ids = torch.argsort(torch.rand(M, E, device=DEV, generator=g), dim=1)[:, :K].int().contiguous()
+    w = torch.rand(M, K, device=DEV, generator=g) + 0.01
+    x = (torch.randn(M, N, device=DEV, generator=g) + 0.1).bfloat16()
     return ids, w, x
 
 
-def bench_one(M, E, K, N, bandwidth):
-    sets = [make_inputs(M, K, E, N, s) for s in range(SETS)]
-    calls, replays = (40, 7) if M <= 1024 else (6, 3)
+def warm_call(fn, calls: int) -> float:
+    """A warm-up worker's stand-in for the timer: one call, so that Triton compiles (and caches)."""
+    fn(0)
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    return 0.0
 
-    def fused(i):
-        ids, w, x = sets[i % SETS]
-        moe_sort_mx_quant(ids, w, E, N, torch.bfloat16, BLOCK, quant_input=x, quant_dtype=FP4)
 
-    def multi(i):
-        ids, w, x = sets[i % SETS]
-        torch_multi_launch(ids, w, x, E, BLOCK, N)
+class Row:
+    """Every timing of one (model, tokens); kernels of the same method are timed once."""
 
-    t_fused = graph_time_us(fused, calls, replays)
-    t_multi = graph_time_us(multi, max(calls // 4, 2), replays)
-    pairs = M * K
-    moved = (pairs * 8  # ids + weights in
-             + M * N * 2  # activations in
-             + pairs * 8  # sorted ids + weights out (padding not counted)
-             + M * N * 2  # moe_buf zeroed (bf16, model_dim = N)
-             + M * N // 2  # fp4 data out
-             + pairs * N // 32)  # scale bytes out
-    byte_floor = moved / bandwidth * 1e6
-    return t_fused, t_multi, byte_floor
+    def __init__(self, M, E, K, N, timer=graph_time_us):
+        self.M, self.E, self.K, self.N = M, E, K, N
+        self.sets = [make_inputs(M, K, E, N, s) for s in range(SETS)]
+        self.calls = 40 if M <= 1024 else 6
+        self.timer = timer
+        self._seen: dict[tuple[str, bool], float] = {}
+
+    def patched(self, values: dict, quant: bool) -> tuple[str, float]:
+        with constants(values):
+            path = kernel.decode_path(self.M, self.K)
+            key = (path, quant)
+            if key not in self._seen:
+                def call(i):
+                    ids, w, x = self.sets[i % SETS]
+                    if quant:
+                        moe_sort_mx_quant(ids, w, self.E, self.N, torch.bfloat16, BLOCK, quant_input=x,
+                                          quant_dtype=FP4)
+                    else:
+                        moe_sort_mx_quant(ids, w, self.E, self.N, torch.bfloat16, BLOCK)
+                self._seen[key] = self.timer(call, self.calls)
+            return path, self._seen[key]
+
+    def aiter(self, ops) -> tuple[float, float]:
+        from bench import aiter_triton
+
+        E, K, N, M = self.E, self.K, self.N, self.M
+
+        def chain(i):
+            ids, w, x = self.sets[i % SETS]
+            aiter_triton.chain(ops, ids, x, E, BLOCK, N)
+
+        sorted_sets = [aiter_triton.sort(ops, ids, E, BLOCK) for ids, _, _ in self.sets]
+
+        def quant(i):
+            sid, _, post_pad = sorted_sets[i % SETS]
+            ops.fused_dynamic_mxfp4_quant_moe_sort(self.sets[i % SETS][2], sid, post_pad, M, K,
+                                                   block_size=BLOCK)
+
+        calls = max(self.calls // 2, 4)
+        return self.timer(chain, calls), self.timer(quant, calls)
+
+    def byte_floor_us(self, bandwidth):
+        pairs, MN = self.M * self.K, self.M * self.N
+        moved = (pairs * 8  # ids + weights in
+                 + MN * 2  # activations in
+                 + pairs * 8  # sorted ids + weights out (padding not counted)
+                 + MN * 2  # moe_buf zeroed (bf16, model_dim = N)
+                 + MN // 2  # fp4 data out
+                 + pairs * self.N // 32)  # scale bytes out
+        return moved / bandwidth * 1e6
+
+
+def _fmt(x):
+    return "–" if x is None else f"{x:.2f}"
+
+
+def row_cells(row: Row, methods, compare_max_pairs: int, ops, bandwidth: float) -> list[str]:
+    E, K, N, M = row.E, row.K, row.N, row.M
+    path, t_new = row.patched({}, True)
+    cells = [str(E), str(K), str(N), str(M), path, _fmt(t_new)]
+    for m in methods:
+        skip = m == "compare" and M * K > compare_max_pairs
+        cells.append("–" if skip else _fmt(row.patched(FORCED[m], True)[1]))
+    cells += [_fmt(row.patched({}, False)[1]), _fmt(row.patched(FORCED["old"], False)[1])]
+    if ops is not None:
+        t_chain, t_quant = row.aiter(ops)
+        cells += [_fmt(t_chain), _fmt(t_quant), f"{t_chain / max(t_new, 1e-9):.1f}x"]
+    cells.append(_fmt(row.byte_floor_us(bandwidth)))
+    return cells
+
+
+def _warm(job):
+    """Worker: run every call of its rows once (no timing), filling Triton's cache for the timer."""
+    global DEV
+    shapes, aiter_src, methods, compare_max_pairs, DEV = job
+    ops = None
+    if aiter_src:
+        from bench import aiter_triton
+
+        ops = aiter_triton.load(aiter_src)
+    for E, K, N, M in shapes:
+        row_cells(Row(M, E, K, N, timer=warm_call), methods, compare_max_pairs, ops, 1e12)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--quick", action="store_true", help="decode sizes of the first model only")
+    ap.add_argument("--aiter-src", default=os.environ.get("AITER_SRC"),
+                    help="folder with AITER's aiter/ package (or aiter/ops/triton); default $AITER_SRC; "
+                         "without it the AITER columns are left out")
+    ap.add_argument("--methods", default="old,sort,compare", help="forced methods to time besides `new`")
+    ap.add_argument("--compare-max-pairs", type=int, default=512,
+                    help="time the forced comparison only up to this many routing pairs")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--prefill", action="store_true", help=f"also {PREFILL} tokens")
+    ap.add_argument("--models", default="all", help="indices into MODELS, e.g. 0,1")
+    ap.add_argument("--warm-jobs", type=int, default=8,
+                    help="processes that compile every variant before the timing (1: compile while timing)")
     args = ap.parse_args()
+    t_start = time.time()
 
-    floor_us = launch_floor_us()
-    bandwidth = copy_bandwidth()
-    models = MODELS[:1] if args.quick else MODELS
-    tokens = DECODE if args.quick else DECODE + PREFILL
-    lines = [
-        f"# MoE sort + zero + MXFP4 quant on {torch.cuda.get_device_name()}",
+    ops = None
+    if args.aiter_src:
+        from bench import aiter_triton
+
+        ops = aiter_triton.load(args.aiter_src)
+    methods = [m for m in args.methods.split(",") if m]
+    models = MODELS if args.models == "all" else [MODELS[int(i)] for i in args.models.split(",")]
+    tokens = [int(t) for t in args.tokens.split(",")] + (PREFILL if args.prefill else [])
+    floor_us = harness.launch_floor_us()
+    bandwidth = harness.copy_bandwidth()
+
+    heads = ["experts", "topk", "hidden", "tokens", "path", "new us"] + [f"{m} us" for m in methods]
+    heads += ["sort+zero new us", "sort+zero old us"]
+    if ops is not None:
+        heads += ["AITER chain us", "AITER quant us", "AITER chain / new"]
+    heads += ["byte floor us"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---:|" * len(heads)]
+    print(lines[0], flush=True)
+    shapes = [(E, K, N, M) for E, K, N in models for M in tokens]
+    if args.warm_jobs > 1:  # compile every variant in parallel processes first (Triton's disk cache)
+        t0 = time.time()
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(args.warm_jobs) as pool:
+            pool.map(_warm, [(shapes[i::args.warm_jobs], args.aiter_src, methods, args.compare_max_pairs, DEV)
+                             for i in range(args.warm_jobs)])
+        print(f"compiled in {time.time() - t0:.0f} s by {args.warm_jobs} processes", flush=True)
+    for E, K, N, M in shapes:
+        row = Row(M, E, K, N)
+        lines.append("| " + " | ".join(row_cells(row, methods, args.compare_max_pairs, ops, bandwidth)) + " |")
+        print(lines[-1], flush=True)
+        del row
+    wall = time.time() - t_start
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    header = [
+        f"<!-- Produced by: {command}",
+        f"     torch {torch.__version__}, Triton {__import__('triton').__version__}, {wall:.0f} s wall."
+        f" Kernel constants: DECODE_MAX_PAIRS {kernel.DECODE_MAX_PAIRS}, DECODE_COMPARE_MAX_PAIRS "
+        f"{kernel.DECODE_COMPARE_MAX_PAIRS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}. -->",
         "",
-        f"CUDA-graph replay, median per call; block_size {BLOCK}; launch floor (empty Triton kernel) "
-        f"{floor_us:.2f} us; copy bandwidth {bandwidth / 1e9:.0f} GB/s. "
-        "`multi` is the torch-op path (sort + zero fill + quant + scale sort), not AITER's HIP kernels.",
+        f"# MoE sort + zero + MXFP4 quant on {harness.gpu_name()}",
         "",
-        "| experts | topk | hidden | tokens | launches | patched us | multi us | speedup | byte floor us "
-        "| patched / max(floors) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"CUDA-graph replay, median per call (us); block_size {BLOCK}; launch floor (empty Triton kernel) "
+        f"{floor_us:.2f} us; copy bandwidth {bandwidth / 1e9:.0f} GB/s. `new`: the kernel as configured, "
+        "`path` the method it took; `old`: DECODE_MAX_PAIRS = 0 (per-program expert count); `sort`, "
+        "`compare`: that decode method forced; `sort+zero`: no quant. AITER chain: AITER's Triton "
+        "aligner + id conversion + moe_buf zero + Triton MXFP4 sort-quant (timed, bytes not compared).",
+        "",
     ]
-    for E, K, N in models:
-        for M in tokens:
-            t_fused, t_multi, byte_floor = bench_one(M, E, K, N, bandwidth)
-            ratio = t_fused / max(floor_us, byte_floor)
-            launches = 1 if M * K <= kernel.ONE_LAUNCH_MAX_PAIRS else 4
-            lines.append(f"| {E} | {K} | {N} | {M} | {launches} | {t_fused:.2f} | {t_multi:.2f} | "
-                         f"{t_multi / t_fused:.1f}x | {byte_floor:.2f} | {ratio:.2f} |")
-            print(lines[-1], flush=True)
     with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(header + lines) + "\n")
+    print(f"wrote {args.out} in {wall:.0f} s")
 
 
 if __name__ == "__main__":

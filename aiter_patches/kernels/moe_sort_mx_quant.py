@@ -9,6 +9,15 @@ before its token, and writes its ``topk`` entries of ``sorted_ids``/``sorted_wei
 e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row and its
 ``moe_buf`` row. No program waits for another.
 
+Decode (at most ``DECODE_MAX_PAIRS`` pairs) costs nothing per expert: each program sorts all
+pairs by ``(expert << bits) | pair`` with ``tl.sort`` (or, up to ``DECODE_COMPARE_MAX_PAIRS``,
+compares every pair with every other) and reads segment starts and last pairs from adjacent
+differences of the sorted experts. Segments start at multiples of the block size, so a pair's
+row is its sorted index plus the padding of the segments before it. Only empty experts would
+need an ``E``-wide pass, and they get no block; the one ``E``-wide step left is the EP local-id
+prefix of ``expert_mask``, done only when a mask is given. Above that, each program counts the
+pairs of every expert bin (one-hot sums or a histogram), which grows with ``E``.
+
 Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) take four launches, so that no
 program counts anything: per chunk of tokens, the expert counts and each pair's rank among the
 chunk's earlier pairs of its expert (a sort of the chunk by expert); an exclusive scan of the
@@ -45,6 +54,13 @@ import triton.language as tl
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
 ONE_LAUNCH_MAX_PAIRS = 2048
 CHUNK_PAIRS = 512
+# Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
+# the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
+# (padded) pairs, by tl.sort above; 0 turns either off (bench/bench_moe_sort_quant.py compares).
+DECODE_MAX_PAIRS = 1024
+DECODE_COMPARE_MAX_PAIRS = 64
+DECODE_MIN_PAIRS_PAD = 16  # fewer variants at tiny batches
+DECODE_TILE = 1024  # elements of a comparison tile (4096 spilled SGPRs on gfx950: bench/amd_spills_sort.py)
 TILE = 8192  # elements of a one-hot counting tile
 ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until about this many
 MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_quant.py tunes these)
@@ -226,6 +242,68 @@ def _count_same_expert(ids_ptr, mask_ptr, lo, hi, eq, E, E_BINS: tl.constexpr, P
 
 
 @triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr, E_BINS: tl.constexpr,
+                    HAS_MASK: tl.constexpr, PP: tl.constexpr, PB: tl.constexpr, CH: tl.constexpr):
+    """Sorted positions and segment padding of this token's pairs from a sort of all ``P <= PP``
+    pairs by (expert, index): nothing is ``E`` wide. Returns ``(pos, fill, total)``: each pair's
+    row in ``sorted_ids``, the padding rows after it (nonzero only for its expert's last pair)
+    and the padded length ``num_valid_ids[0]``."""
+    i = tl.arange(0, PP)
+    e, keep = _expert_bins(ids_ptr, mask_ptr, i, P, E, E_BINS, HAS_MASK)
+    key = (e << PB) | i  # unique; dropped pairs (bin E_BINS - 1 >= E) sort last
+    es = tl.sort(key) >> PB
+    start = (i == 0) | (tl.gather(es, tl.maximum(i - 1, 0), 0) != es)
+    end = (i == PP - 1) | (tl.gather(es, tl.minimum(i + 1, PP - 1), 0) != es)
+    run_start = tl.associative_scan(tl.where(start, i, 0), 0, _max_combine)
+    # a segment's padding, (-count) mod BLOCK, sits on its last sorted pair; segments start at
+    # multiples of BLOCK, so a pair's row is its sorted index plus the padding of earlier segments
+    pad = tl.where(end & (es < E), (run_start - i - 1) & (BLOCK - 1), 0)
+    row = i + tl.cumsum(pad, 0) - pad
+    total = tl.sum((es < E).to(tl.int32), 0) + tl.sum(pad, 0)
+    # this token's pairs' sorted indices: keys below theirs, counted in [K_PAD, CH] tiles
+    key_q = tl.where(keep_q, (eq << PB) | q, 0)
+    sidx = tl.zeros(eq.shape, tl.int32)
+    for c in range(0, PP, CH):
+        kc = c + tl.arange(0, CH)
+        ec, _ = _expert_bins(ids_ptr, mask_ptr, kc, P, E, E_BINS, HAS_MASK)
+        sidx += tl.sum((((ec << PB) | kc)[None, :] < key_q[:, None]).to(tl.int32), axis=1)
+    sidx = tl.minimum(sidx, PP - 1)
+    return tl.gather(row, sidx, 0), tl.gather(pad, sidx, 0), total
+
+
+@triton.jit
+def _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr,
+                       E_BINS: tl.constexpr, HAS_MASK: tl.constexpr, PP: tl.constexpr,
+                       CH: tl.constexpr):
+    """As :func:`_decode_by_sort`, by comparing every pair with every other (``PP x PP`` in
+    ``[CH, PP]`` tiles): no sort, for a handful of tokens."""
+    k = tl.arange(0, PP)
+    e_all, keep_all = _expert_bins(ids_ptr, mask_ptr, k, P, E, E_BINS, HAS_MASK)
+    pad_before = tl.zeros(eq.shape, tl.int32)
+    pad_total = 0
+    for c in range(0, PP, CH):
+        i = c + tl.arange(0, CH)
+        ei, ki = _expert_bins(ids_ptr, mask_ptr, i, P, E, E_BINS, HAS_MASK)
+        same = (ei[:, None] == e_all[None, :]) & keep_all[None, :]
+        cnt = tl.sum(same.to(tl.int32), axis=1)
+        later = tl.sum((same & (k[None, :] > i[:, None])).to(tl.int32), axis=1)
+        pad = tl.where(ki & (later == 0), (0 - cnt) & (BLOCK - 1), 0)
+        pad_total += tl.sum(pad, 0)
+        pad_before += tl.sum(tl.where(ei[None, :] < eq[:, None], pad[None, :], 0), axis=1)
+    same_q = (eq[:, None] == e_all[None, :]) & keep_all[None, :]
+    cnt_q = tl.sum(same_q.to(tl.int32), axis=1)
+    rank = tl.sum((same_q & (k[None, :] < q[:, None])).to(tl.int32), axis=1)
+    before = tl.sum((keep_all[None, :] & (e_all[None, :] < eq[:, None])).to(tl.int32), axis=1)
+    fill = tl.where(rank == cnt_q - 1, (0 - cnt_q) & (BLOCK - 1), 0)
+    return before + pad_before + rank, fill, tl.sum(keep_all.to(tl.int32), 0) + pad_total
+
+
+@triton.jit
 def _sort_quant_kernel(
     ids_ptr, w_ptr, mask_ptr, nlt_ptr,
     sid_ptr, sw_ptr, seid_ptr, nv_ptr,
@@ -243,6 +321,7 @@ def _sort_quant_kernel(
     BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, D_SPLIT,
     PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr, QG: tl.constexpr,
     COMPACT_SCALES: tl.constexpr,
+    DECODE: tl.constexpr, PAIRS_PAD: tl.constexpr, PAIRS_BITS: tl.constexpr, CMP_CHUNK: tl.constexpr,
 ):
     t = tl.program_id(0)
     cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
@@ -290,6 +369,8 @@ def _sort_quant_kernel(
         padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
         base = tl.gather(tl.cumsum(padded, 0) - padded, eq, 0)
         cnt_q = tl.gather(cnt, eq, 0)
+        pos = base + rank
+        fill = tl.where(rank == cnt_q - 1, (cnt_q + BLOCK - 1) // BLOCK * BLOCK - cnt_q, 0)
         if HAS_MASK:
             mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
             lid = tl.gather(tl.cumsum(mvals, 0) - mvals, eq, 0)
@@ -297,6 +378,22 @@ def _sort_quant_kernel(
             lid = eq
         if (t == 0) & (cs == 0):
             tl.store(nv_ptr, tl.sum(padded, 0))
+            tl.store(nv_ptr + 1, _token_count_as_given(nlt_ptr, M, HAS_NLT))
+    elif DECODE != 0:
+        # decode: every program sorts the few pairs itself; only an expert mask is read E-wide
+        if DECODE == 1:
+            pos, fill, total = _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS,
+                                               HAS_MASK, PAIRS_PAD, PAIRS_BITS, CMP_CHUNK)
+        else:
+            pos, fill, total = _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS,
+                                                  HAS_MASK, PAIRS_PAD, CMP_CHUNK)
+        if HAS_MASK:
+            mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
+            lid = tl.gather(tl.cumsum(mvals, 0) - mvals, tl.where(keep_q, eq, 0), 0)
+        else:
+            lid = eq
+        if (t == 0) & (cs == 0):
+            tl.store(nv_ptr, total)
             tl.store(nv_ptr + 1, _token_count_as_given(nlt_ptr, M, HAS_NLT))
     else:
         cnt = _count_experts(ids_ptr, mask_ptr, 0, P, E, E_BINS, COUNT_CHUNK, HAS_MASK, USE_HIST)
@@ -319,17 +416,17 @@ def _sort_quant_kernel(
         cnt_q = tl.sum(tl.where(onehot, cnt[None, :], 0), axis=1)
         earlier = (eq[None, :] == eq[:, None]) & (slot[None, :] < slot[:, None]) & keep_q[None, :]
         rank = before + tl.sum(earlier.to(tl.int32), axis=1)
-    pos = base + rank
+        pos = base + rank
+        fill = tl.where(rank == cnt_q - 1, (cnt_q + BLOCK - 1) // BLOCK * BLOCK - cnt_q, 0)
     wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
     mine = keep_q & ((slot * 0 + cs) == 0)
     tl.store(sid_ptr + pos, (slot << 24) | t, mask=mine)
     tl.store(sw_ptr + pos, wq, mask=mine)
     tl.store(seid_ptr + pos // BLOCK, lid, mask=mine)
 
-    # the owner of an expert's last pair pads that expert's segment
-    fill = (cnt_q + BLOCK - 1) // BLOCK * BLOCK - cnt_q
+    # the owner of an expert's last pair pads that expert's segment (fill is 0 for other pairs)
     jj = tl.arange(0, BLOCK)
-    pad_live = (keep_q & (rank == cnt_q - 1))[:, None] & (jj[None, :] < fill[:, None])
+    pad_live = keep_q[:, None] & (jj[None, :] < fill[:, None])
     pad_pos = pos[:, None] + 1 + jj[None, :]
     pad_id = (K << 24) | (_token_count_as_given(nlt_ptr, M, HAS_NLT) & 0xFFFFFF)
     tl.store(sid_ptr + pad_pos, tl.full([K_PAD, BLOCK], 0, tl.int32) | pad_id, mask=pad_live & mine[:, None])
@@ -602,9 +699,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         pre, tot, ranks, compact,
         M, num_experts, model_dim, G,
         K=K, K_PAD=k_pad, BLOCK=block_size, E_BINS=e_bins,
-        # counting parameters matter only to the one-launch path (fixed otherwise: no recompiles)
-        **(dict(COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2) if prescanned else
-           dict(**_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)))),
+        **_sort_params(pairs, e_bins, k_pad, prescanned),
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
@@ -617,6 +712,31 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         _scale_tiles_kernel[(s_out.shape[0] // 32,)](sorted_ids, num_valid_ids, compact, s_u8, G,
                                                        SNP=snp, BYTES=SCALE_TILE_BYTES)
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
+
+
+def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
+    """Constexprs that choose how the sort kernel finds positions: the tables of the launches
+    before it (``prescanned``), the E-independent decode sort or comparison (up to
+    ``DECODE_MAX_PAIRS`` pairs), or the per-program expert count; parameters a path does not
+    read stay fixed, so they never cause a recompile."""
+    decode, pp = 0, 1
+    if not prescanned and pairs <= DECODE_MAX_PAIRS:
+        pp = max(_next_pow2(pairs), DECODE_MIN_PAIRS_PAD)
+        decode = 2 if pp <= DECODE_COMPARE_MAX_PAIRS else 1
+    out = dict(DECODE=decode, PAIRS_PAD=pp, PAIRS_BITS=pp.bit_length() - 1,
+               CMP_CHUNK=max(1, min(pp, DECODE_TILE // (pp if decode == 2 else k_pad))) if decode else 1)
+    if prescanned or decode:
+        return dict(out, COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2)
+    return dict(out, **_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)))
+
+
+def decode_path(num_tokens: int, topk: int) -> str:
+    """Which one-launch position method a call of this size takes: "sort", "compare", "count"
+    (per-program expert count over all bins) or "prescanned" (four launches)."""
+    pairs = max(num_tokens * topk, 1)
+    if pairs > ONE_LAUNCH_MAX_PAIRS:
+        return "prescanned"
+    return ("count", "sort", "compare")[_sort_params(pairs, 2, 1, False)["DECODE"]]
 
 
 def _count_params(pairs: int, e_bins: int) -> dict:

@@ -239,6 +239,72 @@ def test_row_quantized_in_group_tiles(monkeypatch, groups):
     run(23, 4, 8, 16, N=224, qd=FP4, semantics="fused", nlt=torch.tensor([21], dtype=torch.int32, device=DEV))
 
 
+DECODE_PATHS = {  # module constants that force each one-launch position method
+    "count": dict(DECODE_MAX_PAIRS=0),
+    "compare": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048),
+    "sort": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=0),
+}
+
+
+def force_path(monkeypatch, path, M, K):
+    for name, val in DECODE_PATHS[path].items():
+        monkeypatch.setattr(k, name, val)
+    assert k.decode_path(M, K) == path
+
+
+def dup_routing(M, K, E, seed=0):
+    """Duplicates within tokens (a token naming one expert in every slot, or two experts
+    alternately), out-of-range ids (-1, E, 2**20) and ordinary tokens."""
+    ids, w = routing(M, K, E, "uniform", seed)
+    ids[0] = 7 % E
+    if M > 1:
+        ids[1] = torch.tensor([E - 1, 3 % E] * K, dtype=torch.int32)[:K]
+    if M > 2:
+        ids[2, ::3] = torch.tensor([-1, E, 1 << 20], dtype=torch.int32).repeat(K)[: ids[2, ::3].numel()]
+    return ids, w
+
+
+@pytest.mark.parametrize("path", ["count", "compare", "sort"])
+def test_decode_paths_adversarial(monkeypatch, path):
+    """Every decode method on 896 experts, topk 16 (the shape whose expert count the decode sort
+    removes from the work), against the reference bit for bit."""
+    force_path(monkeypatch, path, 3, 16)
+    ids, w = dup_routing(3, 16, 896)
+    x = activations(3, 64)
+    res = k.moe_sort_mx_quant(ids, w, 896, 64, torch.bfloat16, 16, quant_input=x, quant_dtype=FP4)
+    check(res, ids, w, 896, 16, x=x, qd=FP4)
+    assert int(res.num_valid_ids[0]) == 16 * 13  # 13 distinct kept experts, one block each
+    # EP mask (raw values summed, some > 1) and fewer local tokens; out-of-range and masked ids dropped
+    mask = ((torch.arange(896) % 3) * (torch.arange(896) % 2)).to(torch.int32).to(DEV)
+    nlt = torch.tensor([2], dtype=torch.int32, device=DEV)
+    res = k.moe_sort_mx_quant(ids, w, 896, 64, torch.bfloat16, 64, expert_mask=mask, num_local_tokens=nlt,
+                              quant_input=x, quant_dtype=FP8, quant_semantics="fused")
+    check(res, ids, w, 896, 64, x=x, qd=FP8, mask=mask, nlt=nlt, semantics="fused")
+
+
+@pytest.mark.parametrize("path", ["compare", "sort"])
+def test_decode_paths_sizes(monkeypatch, path):
+    """Segments that straddle block edges (skewed routing: long runs of one expert), a batch whose
+    pairs are not a power of two, topk 1, no token at all (num_local_tokens 0) and
+    num_local_tokens past the batch."""
+    force_path(monkeypatch, path, 13, 5)
+    run(13, 5, 16, 16, N=64, qd=FP4, kind="skewed", seed=4)
+    run(13, 5, 40, 32, N=64, qd=None, kind="bad", seed=5, mask=(torch.arange(40, device=DEV) % 5 != 2).to(torch.int32))
+    run(7, 1, 8, 16, N=64, qd=FP8NUZ, kind="skewed", semantics="split")
+    run(6, 4, 8, 16, N=64, qd=FP4, nlt=torch.tensor([0], dtype=torch.int32, device=DEV), semantics="fused")
+    run(6, 2, 8, 16, N=64, qd=FP4, nlt=torch.tensor([100], dtype=torch.int32, device=DEV))  # past M: as given
+
+
+def test_decode_path_choice(monkeypatch):
+    monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 1024)
+    monkeypatch.setattr(k, "DECODE_COMPARE_MAX_PAIRS", 64)
+    assert [k.decode_path(M, 16) for M in (1, 4, 5, 64, 65, 128, 129)] == [
+        "compare", "compare", "sort", "sort", "count", "count", "prescanned"]
+    assert k.decode_path(0, 8) == "compare"
+    monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 0)
+    assert k.decode_path(1, 8) == "count"
+
+
 def test_unsupported_reason_reads_metadata_only():
     ids, w = routing(4, 2, 8)
     x = activations(4, 256)
@@ -346,3 +412,23 @@ def test_gpu_cuda_graph_capture():
     torch.cuda.synchronize()
     check(res, ids, w, 256, 32, x=x, qd=FP4, nlt=nlt)
 
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("path", ["count", "compare", "sort"])
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 16, 33, 64])
+def test_gpu_decode_paths(monkeypatch, path, M):
+    """Each decode method at (896, 16, 3584) and (256, 8, 7168), adversarial routing, EP and local tokens."""
+    if path == "compare" and M * 16 > 512:
+        pytest.skip("the comparison is meant for a handful of tokens")
+    force_path(monkeypatch, path, M, 16)
+    ids, w = dup_routing(M, 16, 896, seed=M)
+    x = activations(M, 3584, "special", seed=M)
+    res = k.moe_sort_mx_quant(ids, w, 896, 3584, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4)
+    check(res, ids, w, 896, 32, x=x, qd=FP4)
+    mask = (torch.arange(896, device=DEV) % 7 != 3).to(torch.int32)
+    nlt = torch.tensor([max(M - 1, 0)], dtype=torch.int32, device=DEV)
+    run(M, 16, 896, 64, 3584, FP8, kind="skewed", mask=mask, nlt=nlt, init=True, seed=M)
+    run(M, 8, 256, 32, 7168, FP4, kind="bad", nlt=nlt, seed=M)
+    run(M, 8, 256, 16, 7168, None, kind="skewed", seed=M)
