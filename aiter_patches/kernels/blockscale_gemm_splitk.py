@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .fast_launch import launch
+
 SCALE_BLOCK = 128
 FP8_DTYPES = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
@@ -273,7 +275,7 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
         return out
     cfg = block_config(M)
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    grid = ((N // block_n) * splits, triton.cdiv(M, block_m))
+    grid = ((N // block_n) * splits, -(-M // block_m))
     if splits > 1:
         if zero_out:
             out.zero_()
@@ -281,7 +283,7 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
         cnt = _tile_counters(A.device, grid[1] * (N // block_n))
     else:
         ws = cnt = out  # unused by the kernel when SPLITS == 1
-    _blockscale_gemm_kernel[grid](
+    launch(_blockscale_gemm_kernel, grid,
         A, B, out, A_scale, B_scale, ws, cnt,
         M, N, K // SCALE_BLOCK, k_tiles_per_split(K, splits), M * N,
         A.stride(0), out.stride(0), A_scale.stride(0), A_scale.stride(1), B_scale.stride(0), B_scale.stride(1),
