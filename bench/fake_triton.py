@@ -29,6 +29,7 @@ class Launch:
     grid: tuple
     stream: int
     args: tuple  # tensors as their data_ptr(), other values as given
+    raw_types: tuple = ()  # what the launcher was handed: Tensor, or int for an unpacked pointer
 
     def same_as(self, other: "Launch") -> bool:
         return (self.kernel is other.kernel and self.grid == other.grid and self.stream == other.stream
@@ -53,7 +54,7 @@ class FakeCompiled:
     def run(self, g0, g1, g2, stream, function, packed, meta, enter, exit_, *args):
         assert function is self.function and packed is self.packed_metadata
         norm = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
-        self.launches.append(Launch(self, (g0, g1, g2), stream, norm))
+        self.launches.append(Launch(self, (g0, g1, g2), stream, norm, tuple(map(type, args))))
         LOG.append(self.launches[-1])
 
 
@@ -62,10 +63,10 @@ _numbers = itertools.count()
 
 
 class FakeDriver:
-    def __init__(self):
+    def __init__(self, backend: str = "cuda"):
         from triton.backends.compiler import GPUTarget
 
-        self.target = GPUTarget("cuda", 90, 32)
+        self.target = GPUTarget("cuda", 90, 32) if backend == "cuda" else GPUTarget("hip", "gfx942", 64)
 
     def is_active(self):
         return True
@@ -95,14 +96,15 @@ def fake_compile_for(fn) -> None:
 
 
 @contextlib.contextmanager
-def fake_triton(*fns):
-    """The fake driver active, ``fns`` compiling fakes; restores the driver and empties LOG after."""
+def fake_triton(*fns, backend: str = "cuda"):
+    """The fake driver active (a CUDA sm_90 or, ``backend="hip"``, a gfx942 target), ``fns``
+    compiling fakes; restores the driver and empties LOG after."""
     from triton.runtime import driver
 
     from aiter_patches.kernels import fast_launch
 
     previous = driver._active  # None when no driver was ever made (no GPU here)
-    driver.set_active(FakeDriver())
+    driver.set_active(FakeDriver(backend))
     fast_launch.clear()
     LOG.clear()
     try:
