@@ -258,15 +258,16 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshuffled: bool = True,
-                           zero_out: bool = True) -> torch.Tensor:
+                           zero_out: bool = True, checked: bool = False) -> torch.Tensor:
     """out (bf16 [M, N]) <- block-scaled A @ B^T, K cut into `splits` runs.
 
     zero_out=True: AITER's behaviour, the result overwrites `out` (a memset launch
     first when splits > 1, as AITER's launcher does). zero_out=False: no memset; the
     result is added onto `out` as given, so a caller that already zeroed `out` gets
-    the same bits as zero_out=True.
+    the same bits as zero_out=True. checked=True: the caller just had `unsupported_reason` return
+    None for these same arguments (not repeated).
     """
-    reason = unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled)
+    reason = None if checked else unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled)
     if reason is not None:
         raise ValueError(f"blockscale_gemm_splitk: {reason}")
     M, K = A.shape

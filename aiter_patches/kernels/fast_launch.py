@@ -186,17 +186,35 @@ class _Kernel:
                 ok = False
         n = len(self.fn.params)
         others += [i for i in range(n) if i not in self.runtime]  # constexprs, by value as Triton keys them
-        lay = _Layout(tuple(tensors), _getter(tuple(tensors)), _getter(tuple(others))) if ok else None
+        lay = _Layout(tuple(tensors), _getter(tuple(others))) if ok else None
         if len(self.layouts) < MAX_VARIANTS:
             self.layouts[types] = lay
         return lay
 
 
 class _Layout:
-    __slots__ = ("tensor_pos", "get_tensors", "get_others")
+    """For one pattern of runtime argument types: where the tensors are, the getter of the values
+    keyed as they are, and ``unpack(values, launch_values, spec) -> (dtypes, alignment)``, generated
+    straight-line for these positions, which also puts each CUDA tensor's pointer into
+    ``launch_values`` (a CPU tensor stays a tensor: the launcher then refuses it, as Triton's does)."""
 
-    def __init__(self, tensor_pos, get_tensors, get_others):
-        self.tensor_pos, self.get_tensors, self.get_others = tensor_pos, get_tensors, get_others
+    __slots__ = ("tensor_pos", "get_others", "unpack")
+
+    def __init__(self, tensor_pos, get_others):
+        self.tensor_pos, self.get_others = tensor_pos, get_others
+        lines = ["def unpack(values, lv, spec):"]
+        for j, pos in enumerate(tensor_pos):
+            lines += [f"    t{j} = values[{pos}]", f"    p{j} = t{j}.data_ptr()",
+                      f"    if t{j}.is_cuda:", f"        lv[{pos}] = p{j}"]
+        n = len(tensor_pos)
+        dts = ", ".join(f"t{j}.dtype" for j in range(n))
+        als = ", ".join(f"not p{j} & 15" for j in range(n))
+        extra = ", ".join(f"spec(t{j}, align=True)" for j in range(n))
+        lines += ["    if spec is None:", f"        return ({dts}{',' if n else ''}), ({als}{',' if n else ''})",
+                  f"    return ({dts}{',' if n else ''} {extra}{',' if n else ''}), ({als}{',' if n else ''})"]
+        ns: dict[str, Any] = {}
+        exec("\n".join(lines) + "\n", ns)  # noqa: S102 - generated from integer positions only
+        self.unpack = ns["unpack"]
 
 
 def _getter(positions: tuple):
@@ -281,17 +299,9 @@ def launch(fn, grid, *args, **kwargs) -> None:
     device = drv.get_current_device()
     compiled, native, backend = st.devices.get(device) or st.device_state(device)
 
-    tensors = lay.get_tensors(values)
-    dtypes, aligned, launch_values = [], 0, values.copy()
-    for pos, a in zip(lay.tensor_pos, tensors):
-        p = a.data_ptr()
-        dtypes.append(a.dtype)
-        aligned = (aligned << 1) | ((p & 15) == 0)
-        if a.is_cuda:
-            launch_values[pos] = p
-    if not native:
-        dtypes += [backend.get_tensor_specialization(a, align=True) for a in tensors]
-    key = (types, lay.get_others(values), tuple(dtypes), aligned,
+    launch_values = values.copy()
+    dtypes, aligned = lay.unpack(values, launch_values, None if native else backend.get_tensor_specialization)
+    key = (types, lay.get_others(values), dtypes, aligned,
            tuple(sorted(opts.items())) if opts else (), fn.debug, rt.debug,
            tuple(getattr(_knobs.compilation, k, None) for k in st.knob_reads) if st.knob_reads else ())
     try:
@@ -309,9 +319,9 @@ def launch(fn, grid, *args, **kwargs) -> None:
             raise DispatchMismatch(f"{fn.__name__}: the kept kernel for this key is not the one Triton picks")
     n = len(grid)
     stream = drv.get_current_stream(device)
+    # launch metadata only feeds launch hooks, and none is set (checked above)
     kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, kernel.function,
-               kernel.packed_metadata, kernel.launch_metadata(grid, stream, *values),
-               rt.launch_enter_hook, rt.launch_exit_hook, *launch_values)
+               kernel.packed_metadata, None, rt.launch_enter_hook, rt.launch_exit_hook, *launch_values)
     _counts["direct"] += 1
 
 

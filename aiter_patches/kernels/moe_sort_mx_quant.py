@@ -492,16 +492,17 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
                       expert_mask=None, num_local_tokens=None,
                       quant_input=None, quant_dtype=None,
                       moe_buf=None, moe_buf_init=None, zero_moe_buf=True,
-                      quant_semantics: str = "auto") -> SortQuantResult:
+                      quant_semantics: str = "auto", checked: bool = False) -> SortQuantResult:
     """Sort ``topk_ids`` for the MoE GEMMs, fill ``moe_buf`` and MX-quantize ``quant_input``.
 
     Outputs have AITER's sizes and dtypes; the caller must have checked
-    :func:`unsupported_reason`. ``zero_moe_buf=False`` leaves ``moe_buf`` alone (a given one is
+    :func:`unsupported_reason` (``checked=True``: it just did, with these same arguments, and
+    the check is not repeated). ``zero_moe_buf=False`` leaves ``moe_buf`` alone (a given one is
     returned as is, else a ``(0, 0)`` placeholder, as AITER returns when it does not zero).
     """
-    reason = unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_size,
-                                expert_mask, num_local_tokens, quant_input, quant_dtype, moe_buf,
-                                moe_buf_init)
+    reason = None if checked else unsupported_reason(
+        topk_ids, topk_weights, num_experts, model_dim, block_size, expert_mask, num_local_tokens,
+        quant_input, quant_dtype, moe_buf, moe_buf_init)
     if reason is not None:
         raise ValueError(reason)
     if moe_buf_init is not None and not zero_moe_buf:

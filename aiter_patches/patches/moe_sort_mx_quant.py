@@ -107,7 +107,8 @@ def _sort_wrapper(inner, site):
         try:
             res = kernel.moe_sort_mx_quant(
                 bound["topk_ids"], bound["topk_weights"], bound["num_experts"], bound["model_dim"],
-                bound["moebuf_dtype"], bound["block_size"], zero_moe_buf=_zeroes(bound), **_kernel_kwargs(request),
+                bound["moebuf_dtype"], bound["block_size"], zero_moe_buf=_zeroes(bound), checked=True,
+                **_kernel_kwargs(request),
             )
         except Exception as exc:  # a compile or launch failure: AITER does the work
             counters.failed(exc, "moe_sort_mx_quant kernel")
