@@ -58,7 +58,6 @@ _kernels: dict[int, tuple[Any, "_Kernel | None"]] = {}  # id(fn) -> (fn, state);
 _status: dict[str, Any] = {"available": None, "reason": ""}
 _counts = {"direct": 0, "ordinary": 0, "compiled_variants": 0}
 _knobs = _driver = None  # triton.knobs and triton.runtime.driver, bound at the first kernel seen
-_is_compiling = torch.compiler.is_compiling
 
 
 _mode_override: str | None = None
@@ -249,7 +248,7 @@ def _kernel_state(fn) -> "_Kernel | None":
     entry = _kernels.get(id(fn))
     if entry is not None and entry[0] is fn:
         return entry[1]
-    global _knobs, _driver, _is_compiling
+    global _knobs, _driver
     from triton.runtime.jit import JITFunction
 
     state = None
@@ -257,7 +256,7 @@ def _kernel_state(fn) -> "_Kernel | None":
         from triton import knobs
         from triton.runtime import driver
 
-        _knobs, _driver, _is_compiling = knobs, driver, torch.compiler.is_compiling
+        _knobs, _driver = knobs, driver
         try:
             state = _Kernel(fn)
         except Exception:  # an unusual signature: Triton launches it
@@ -273,9 +272,12 @@ def _hook_idle(h) -> bool:
 
 def launch(fn, grid, *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)``, through the kept compiled kernel when that is provably the same."""
+    if torch.compiler.is_compiling():  # first: Dynamo folds it and traces Triton's own launch
+        fn[grid](*args, **kwargs)
+        return
     entry = _kernels.get(id(fn))
     st = entry[1] if entry is not None and entry[0] is fn else _kernel_state(fn)
-    if st is None or _is_compiling():
+    if st is None:
         fn[grid](*args, **kwargs)
         return
     m = _mode_override or _mode_cached or mode()

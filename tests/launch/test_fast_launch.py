@@ -155,7 +155,6 @@ def test_ordinary_launch_when_the_fast_path_cannot_prove_it_is_the_same(fake, mo
     finally:
         probe.pre_run_hooks.clear()
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    monkeypatch.setattr(fl, "_is_compiling", lambda: True)
     still_ordinary()
 
 
