@@ -304,7 +304,7 @@ def launch(fn, grid, *args, **kwargs) -> None:
     launch_values = values.copy()
     dtypes, aligned = lay.unpack(values, launch_values, None if native else backend.get_tensor_specialization)
     key = (types, lay.get_others(values), dtypes, aligned,
-           tuple(sorted(opts.items())) if opts else (), fn.debug, rt.debug,
+           tuple(opts.items()) if opts else (), fn.debug, rt.debug,
            tuple(getattr(_knobs.compilation, k, None) for k in st.knob_reads) if st.knob_reads else ())
     try:
         kernel = compiled.get(key)
