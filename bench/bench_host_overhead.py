@@ -330,7 +330,7 @@ def run(args) -> str:
 
 
 def _table(rows, device, empty_ordinary, empty_direct, args, elapsed) -> str:
-    where = ("CPU, fake Triton driver (Python only, no launch)" if args.fake_launch
+    where = ("CPU, fake Triton driver (Python only: no launch; torch ops run on CPU tensors)" if args.fake_launch
              else torch.cuda.get_device_name() if device.type == "cuda" else "CPU, Triton interpreter (smoke)")
     cmd = "python bench/bench_host_overhead.py " + " ".join(sys.argv[1:])
     lines = [
