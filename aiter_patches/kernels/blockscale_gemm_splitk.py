@@ -39,6 +39,11 @@ FP8_DTYPES = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
 )
 MAX_SPLITS = 16
+# The fp32 split partials (splits * M * N * 4 bytes) never take more than this per launch: a
+# larger call runs as several launches over row blocks (same bits), and the gemm_out_zeroed
+# patch hands it back to AITER (counted) rather than allocate, e.g., 1.6 GB at
+# M=4096, N=24576, 4 splits.
+MAX_WORKSPACE_BYTES = 256 << 20
 
 
 @triton.jit
@@ -185,6 +190,20 @@ def choose_splits_triton(M: int, N: int, K: int, num_sms: int) -> int:
     return best
 
 
+def workspace_bytes(M: int, N: int, splits: int) -> int:
+    """Bytes of fp32 split partials one launch over all ``M`` rows needs (none for one split)."""
+    return splits * M * N * 4 if splits > 1 else 0
+
+
+def workspace_reason(M: int, N: int, splits: int) -> str | None:
+    """Why a call is above :data:`MAX_WORKSPACE_BYTES`, or None."""
+    need = workspace_bytes(M, N, splits)
+    if need > MAX_WORKSPACE_BYTES:
+        return (f"split-K workspace {splits}*{M}*{N}*4 = {need} bytes exceeds MAX_WORKSPACE_BYTES "
+                f"= {MAX_WORKSPACE_BYTES}")
+    return None
+
+
 def unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled) -> str | None:
     """Why this kernel cannot take these arguments, or None. Reads metadata only (graph-safe)."""
     tensors = {"A": A, "B": B, "out": out, "A_scale": A_scale, "B_scale": B_scale}
@@ -276,20 +295,25 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
         return out
     cfg = block_config(M)
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    grid = ((N // block_n) * splits, -(-M // block_m))
+    rows = M  # rows per launch: whole row blocks whose partials fit MAX_WORKSPACE_BYTES
+    if workspace_bytes(M, N, splits) > MAX_WORKSPACE_BYTES:
+        rows = max(MAX_WORKSPACE_BYTES // workspace_bytes(1, N, splits) // block_m, 1) * block_m
     if splits > 1:
         if zero_out:
             out.zero_()
-        ws = torch.empty(splits * M * N, dtype=torch.float32, device=A.device)
-        cnt = _tile_counters(A.device, grid[1] * (N // block_n))
-    else:
-        ws = cnt = out  # unused by the kernel when SPLITS == 1
-    launch(_blockscale_gemm_kernel, grid,
-        A, B, out, A_scale, B_scale, ws, cnt,
-        M, N, K // SCALE_BLOCK, k_tiles_per_split(K, splits), M * N,
-        A.stride(0), out.stride(0), A_scale.stride(0), A_scale.stride(1), B_scale.stride(0), B_scale.stride(1),
-        SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
-        B_PRESHUFFLED=bool(b_preshuffled), ACCUMULATE=bool(splits > 1 or not zero_out),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+        ws = torch.empty(splits * rows * N, dtype=torch.float32, device=A.device)
+        cnt = _tile_counters(A.device, -(-rows // block_m) * (N // block_n))
+    for m0 in range(0, M, rows):
+        m = min(rows, M - m0)
+        a, o, a_s = (A, out, A_scale) if m == M else (A[m0:m0 + m], out[m0:m0 + m], A_scale[m0:m0 + m])
+        if splits == 1:
+            ws = cnt = o  # unused by the kernel when SPLITS == 1
+        launch(_blockscale_gemm_kernel, ((N // block_n) * splits, -(-m // block_m)),
+            a, B, o, a_s, B_scale, ws, cnt,
+            m, N, K // SCALE_BLOCK, k_tiles_per_split(K, splits), m * N,
+            a.stride(0), o.stride(0), a_s.stride(0), a_s.stride(1), B_scale.stride(0), B_scale.stride(1),
+            SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
+            B_PRESHUFFLED=bool(b_preshuffled), ACCUMULATE=bool(splits > 1 or not zero_out),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
     return out

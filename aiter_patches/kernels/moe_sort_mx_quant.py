@@ -18,9 +18,10 @@ that moves each token's compact scale row to its sorted rows in whole 32-row til
 swizzled layout (one-byte scattered stores from every token were the prefill's bottleneck).
 
 Semantics are those of ``aiter_patches.reference.moe_sorting`` and ``...reference.mx_quant``
-(out-of-range expert ids dropped, ``num_local_tokens`` read on the device and clamped to
-``[0, M]``). ``moe_buf`` rows ``< T`` are zeroed (or take ``moe_buf_init``'s rows), rows past
-``T`` are untouched. Quant semantics (``quant_semantics``): "fused" = AITER's fused stage-1
+(out-of-range expert ids dropped; ``num_local_tokens`` read on the device, clamped to
+``[0, M]`` for routing and zeroing, written as given to ``num_valid_ids[1]`` and the padding
+ids). ``moe_buf`` rows ``< T`` are zeroed (or take ``moe_buf_init``'s rows), rows past ``T``
+are untouched. Quant semantics (``quant_semantics``): "fused" = AITER's fused stage-1
 kernel (zero-weight pairs get scale 0 and, when all of a token's pairs have weight 0, a zero
 data row; with ``T < M`` the padding rows get scale 0 and data row ``T`` is zeroed), "split" =
 AITER's split path (every real pair gets its token's scales); "auto" picks like AITER does
@@ -59,13 +60,15 @@ INT32_LIMIT = 2**31 - 1
 
 _FP_FORMATS = {
     # integer description of each element format: mantissa bits, min normal exponent, max
-    # magnitude code, NaN byte (-1: none, saturate), whether -0 keeps its sign, sign bit,
-    # fp32 bits of 1 / max_pos (AITER's constant)
+    # magnitude code, byte of a non-finite element (-1: saturate, sign kept), whether -0 keeps
+    # its sign, sign bit, fp32 bits of 1 / max_pos (AITER's constant). fp8 NaN is -max_pos
+    # whatever its sign: AITER clamps with v_med3_f32(x, -max, max) before v_cvt_pk_fp8_f32
+    # (aiter_opus_plus.h:51-75 at e4048607a5), and med3 of a NaN is its min operand.
     torch.float4_e2m1fn_x2: dict(FP4=True, MB=1, EMIN=0, MAXC=0x7, NANC=-1, SIGNED_ZERO=True,
                                  SIGN_SHIFT=3, INV_MAX_BITS=0x3E2AAAAB),
-    torch.float8_e4m3fn: dict(FP4=False, MB=3, EMIN=-6, MAXC=0x7E, NANC=0x7F, SIGNED_ZERO=True,
+    torch.float8_e4m3fn: dict(FP4=False, MB=3, EMIN=-6, MAXC=0x7E, NANC=0xFE, SIGNED_ZERO=True,
                               SIGN_SHIFT=7, INV_MAX_BITS=0x3B124925),
-    torch.float8_e4m3fnuz: dict(FP4=False, MB=3, EMIN=-7, MAXC=0x7F, NANC=0x80, SIGNED_ZERO=False,
+    torch.float8_e4m3fnuz: dict(FP4=False, MB=3, EMIN=-7, MAXC=0x7F, NANC=0xFF, SIGNED_ZERO=False,
                                 SIGN_SHIFT=7, INV_MAX_BITS=0x3B888889),
 }
 _AMAX_FLOOR_BITS = struct.unpack("<I", struct.pack("<f", 1e-10))[0]
@@ -93,6 +96,17 @@ def _swizzle(row, group, SNP: tl.constexpr):
 def _token_count(nlt_ptr, M, HAS_NLT: tl.constexpr):
     if HAS_NLT:
         T = tl.minimum(tl.maximum(tl.load(nlt_ptr), 0), M)
+    else:
+        T = M
+    return T
+
+
+@triton.jit
+def _token_count_as_given(nlt_ptr, M, HAS_NLT: tl.constexpr):
+    """``num_local_tokens[0]`` unclamped: AITER's kernel writes it as is into ``num_valid_ids[1]``
+    and the padding ids (``moe_sorting_opus.h``: ``p_total_tokens_post_pad[1] = tokens``)."""
+    if HAS_NLT:
+        T = tl.load(nlt_ptr)
     else:
         T = M
     return T
@@ -141,12 +155,13 @@ def _mx_quant_row(x_row_ptr, G, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.c
     code = tl.where(exp_q >= EMIN, ((exp_q - EMIN + 1) << MB) + n - (1 << MB), n)
     code = tl.minimum(code, MAXC)
     code = tl.where(biased == 0xFF, MAXC, code)
+    code = tl.where((s[:, None] == 0xFF) & (biased != 0xFF), 0, code)  # an Inf scale: finite -> +-0
     if SIGNED_ZERO:
         code = code | (sign << SIGN_SHIFT)
     else:
         code = tl.where(code == 0, code, code | (sign << SIGN_SHIFT))
     if NANC >= 0:
-        code = tl.where((biased == 0xFF) & (mant != 0), NANC, code)
+        code = tl.where(biased == 0xFF, NANC, code)  # NaN, and +-Inf (times the Inf scale's 1/Inf = 0)
     return s, code
 
 
@@ -284,7 +299,7 @@ def _sort_quant_kernel(
             lid = eq
         if (t == 0) & (cs == 0):
             tl.store(nv_ptr, tl.sum(padded, 0))
-            tl.store(nv_ptr + 1, T)
+            tl.store(nv_ptr + 1, _token_count_as_given(nlt_ptr, M, HAS_NLT))
     else:
         cnt = _count_experts(ids_ptr, mask_ptr, 0, P, E, E_BINS, COUNT_CHUNK, HAS_MASK, USE_HIST)
         before = _count_same_expert(ids_ptr, mask_ptr, 0, tl.minimum(my_first, P), eq, E, E_BINS,
@@ -299,7 +314,7 @@ def _sort_quant_kernel(
             local_id = bins
         if (t == 0) & (cs == 0):
             tl.store(nv_ptr, tl.sum(padded, 0))
-            tl.store(nv_ptr + 1, T)
+            tl.store(nv_ptr + 1, _token_count_as_given(nlt_ptr, M, HAS_NLT))
         onehot = eq[:, None] == bins[None, :]
         base = tl.sum(tl.where(onehot, seg_start[None, :], 0), axis=1)
         lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
@@ -318,7 +333,8 @@ def _sort_quant_kernel(
     jj = tl.arange(0, BLOCK)
     pad_live = (keep_q & (rank == cnt_q - 1))[:, None] & (jj[None, :] < fill[:, None])
     pad_pos = pos[:, None] + 1 + jj[None, :]
-    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, BLOCK], K << 24, tl.int32) | T, mask=pad_live & mine[:, None])
+    pad_id = (K << 24) | (_token_count_as_given(nlt_ptr, M, HAS_NLT) & 0xFFFFFF)
+    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, BLOCK], 0, tl.int32) | pad_id, mask=pad_live & mine[:, None])
     tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, BLOCK], tl.float32), mask=pad_live & mine[:, None])
 
     if QUANT:

@@ -48,6 +48,10 @@ def _wrapper(inner, site):
         if bound.get("bias") is not None:
             counters.fallback("bias given")
             return inner(*args, **kwargs)
+        reason = _autograd_reason(bound["out"])
+        if reason is not None:
+            counters.fallback(reason)
+            return inner(*args, **kwargs)
         try:
             launch = _plan(bound)
         except ValueError as exc:  # AITER would raise the same check: let it, with its own message
@@ -65,6 +69,16 @@ def _wrapper(inner, site):
         return bound["out"]
 
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle_asm, inner)
+
+
+def _autograd_reason(out) -> str | None:
+    """AITER writes ``out`` in place through a custom op, which autograd refuses for a tensor that
+    requires grad under grad mode (a leaf raises); the kernel's raw pointer write would not refuse."""
+    import torch
+
+    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+        return "out requires grad under grad mode (AITER's in-place write decides the outcome)"
+    return None
 
 
 def _plan(bound: dict):
@@ -89,7 +103,7 @@ def _plan(bound: dict):
         except ValueError as exc:
             return str(exc)
         reason = runtime.triton_backend_reason(A.device) or k.unsupported_reason(
-            A, B, out, A_scale, B_scale, split, bpreshuffle)
+            A, B, out, A_scale, B_scale, split, bpreshuffle) or k.workspace_reason(A.shape[0], B.shape[0], split)
         if reason is not None:
             return reason
         return lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,

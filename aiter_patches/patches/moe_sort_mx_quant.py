@@ -97,6 +97,10 @@ def _sort_wrapper(inner, site):
         call = moe_call.current()
         kernel = _kernel()
         request = _request(bound, call)
+        if request["quant_input"] is not None and request["quant_input"].shape[0] == 0:
+            # AITER's quant launcher divides by token_num: its outcome, not an empty result
+            counters.fallback("stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)")
+            request.update(quant_input=None, quant_dtype=None)
         reason = kernel.unsupported_reason(**request)
         if reason is not None and request["quant_input"] is not None:
             counters.fallback(f"stage-1 quant not fused: {reason}")

@@ -25,7 +25,19 @@ log = logging.getLogger("aiter_patches")
 
 NAME = "sort_extension"
 
-_ACTIVE: ContextVar[tuple["SortExtension", ...]] = ContextVar("aiter_patches_sort_extensions", default=())
+class _Scope:
+    """One ``sort_extension(...)`` scope. The context variable holds these, not the extensions: a
+    scope can be exited from another context (a generator holding it, closed by another thread or
+    ``Context.run``), where the variable's value cannot be reset; the flag still deactivates it in
+    every context that holds it, and the extension is dropped so a stale copy keeps nothing alive."""
+
+    __slots__ = ("ext",)
+
+    def __init__(self, ext: "SortExtension"):
+        self.ext: SortExtension | None = ext
+
+
+_ACTIVE: ContextVar[tuple[_Scope, ...]] = ContextVar("aiter_patches_sort_extensions", default=())
 
 
 class SortExtensionError(ValueError):
@@ -67,15 +79,30 @@ def sort_extension(ext: SortExtension) -> Iterator[SortExtension]:
     """Make ``ext`` the innermost active extension for the current thread / asyncio task."""
     if not isinstance(ext, SortExtension):
         raise TypeError(f"sort_extension() takes a SortExtension, not {type(ext).__name__}")
-    token = _ACTIVE.set(_ACTIVE.get() + (ext,))
+    scope = _Scope(ext)
+    _ACTIVE.set(_open_scopes() + (scope,))
     try:
         yield ext
     except BaseException:
-        _ACTIVE.reset(token)
+        _exit(scope)
         _close(ext, unwinding=True)
         raise
-    _ACTIVE.reset(token)
+    _exit(scope)
     _close(ext, unwinding=False)
+
+
+def _open_scopes() -> tuple[_Scope, ...]:
+    return tuple(s for s in _ACTIVE.get() if s.ext is not None)
+
+
+def _exit(scope: _Scope) -> None:
+    """Deactivate ``scope`` everywhere; remove it from this context's stack if it is there. No
+    ``ContextVar.reset``: its token fails in another context, and out of order it would also drop
+    scopes entered after this one."""
+    scope.ext = None
+    current = _ACTIVE.get()
+    if any(s is scope for s in current):
+        _ACTIVE.set(tuple(s for s in current if s is not scope))
 
 
 def _close(ext: SortExtension, unwinding: bool) -> None:
@@ -95,7 +122,7 @@ def _close(ext: SortExtension, unwinding: bool) -> None:
 
 def active() -> tuple[SortExtension, ...]:
     """Active extensions, outermost first."""
-    return _ACTIVE.get()
+    return tuple(s.ext for s in _open_scopes())
 
 
 def expected_outputs(arguments: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -182,7 +209,7 @@ def pin_defaults(site) -> dict[str, Any]:
 
 def work_after_sort() -> bool:
     """Whether an active extension runs work right after the sort (which may produce what the sort reads)."""
-    return any(type(e).after_sort is not SortExtension.after_sort for e in _ACTIVE.get())
+    return any(type(e).after_sort is not SortExtension.after_sort for e in active())
 
 
 def _sort_wrapper(inner, site):
@@ -192,7 +219,7 @@ def _sort_wrapper(inner, site):
 
     def _moe_sorting_impl(*args, **kwargs):
         moe_call.mark_sort_reached()
-        stack = _ACTIVE.get()
+        stack = active()
         if not stack:
             return inner(*args, **kwargs)
         bound, problems = binder.bind(args, kwargs)

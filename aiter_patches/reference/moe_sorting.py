@@ -5,8 +5,11 @@ positions AITER defines, and this file states that contract once, in plain torch
 
 Contract (aiter-facts.md "Sort output contract", checked against `moe_sorting_opus.h`):
 
-* ``T`` is the token count: ``num_local_tokens[0]`` when given (clamped to ``[0, M]``; AITER
-  does not clamp and reads out of bounds past ``M``), else ``M``. Only tokens ``< T`` are sorted.
+* ``T`` is the token count: ``num_local_tokens[0]`` when given, else ``M``. Only tokens
+  ``< T`` are sorted and only ``moe_buf`` rows ``< T`` zeroed, with ``T`` clamped to ``[0, M]``
+  for that (AITER reads ``topk_ids`` and zeroes ``moe_buf`` out of bounds past ``M``: undefined,
+  so the reference stops at ``M``; below 0 AITER does nothing, as here). ``num_valid_ids[1]``
+  and the padding ids hold the value as given, as AITER's kernel writes them.
 * A pair ``(token, slot)`` is kept when its expert id ``e`` satisfies ``0 <= e < num_experts``
   and, under EP, ``expert_mask[e] != 0``. Out-of-range ids are **dropped** (AITER's kernel
   indexes its LDS table with them: undefined and unsafe, so there is no behaviour to copy).
@@ -14,7 +17,7 @@ Contract (aiter-facts.md "Sort output contract", checked against `moe_sorting_op
   ``token * topk + slot`` order. Each pair is its own entry, also when one token names the
   same expert twice (AITER's HIP sort collapses such duplicates racily; not a defined result).
 * ``sorted_ids`` holds ``(slot << 24) | token``; each expert's segment is padded to a multiple
-  of ``block_size`` with ``(topk << 24) | T`` and weight ``0.0``. Experts with no pair get no block.
+  of ``block_size`` with ``(topk << 24) | (T & 0xFFFFFF)`` and weight ``0.0``. Experts with no pair get no block.
 * ``sorted_expert_ids[b]`` is the expert of block ``b``: the local id under EP, i.e. the
   exclusive cumsum of the raw mask values (AITER sums the mask values, it does not count
   nonzeros), else the global id.
@@ -54,6 +57,13 @@ def token_count(num_tokens: int, num_local_tokens: torch.Tensor | None) -> int:
     if num_local_tokens is None:
         return num_tokens
     return min(max(int(num_local_tokens.reshape(-1)[0]), 0), num_tokens)
+
+
+def token_count_as_given(num_tokens: int, num_local_tokens: torch.Tensor | None) -> int:
+    """``T`` unclamped: what AITER writes to ``num_valid_ids[1]`` and the padding ids."""
+    if num_local_tokens is None:
+        return num_tokens
+    return int(num_local_tokens.reshape(-1)[0])
 
 
 def kept_pairs(topk_ids: torch.Tensor, num_experts: int, expert_mask: torch.Tensor | None,
@@ -102,7 +112,8 @@ def moe_sorting_reference(
     sorted_ids[pos] = (((f_sorted % topk) << 24) | (f_sorted // topk)).to(torch.int32)
     sorted_weights[pos] = weights[order]
 
-    pad_id = (topk << 24) | T
+    T_given = token_count_as_given(M, num_local_tokens)
+    pad_id = (topk << 24) | (T_given & 0xFFFFFF)
     for e in torch.nonzero(counts).flatten().tolist():
         lo, hi = int(seg_start[e] + counts[e]), int(seg_start[e] + padded[e])
         sorted_ids[lo:hi] = pad_id
@@ -112,7 +123,7 @@ def moe_sorting_reference(
     sorted_expert_ids_used = torch.repeat_interleave(lids, padded // block_size)
     sorted_expert_ids[: sorted_expert_ids_used.numel()] = sorted_expert_ids_used.to(torch.int32)
 
-    num_valid_ids = torch.tensor([int(padded.sum()), T], dtype=torch.int32, device=dev)
+    num_valid_ids = torch.tensor([int(padded.sum()), T_given], dtype=torch.int32, device=dev)
     return sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids
 
 

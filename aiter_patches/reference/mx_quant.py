@@ -12,10 +12,23 @@ Per group of 32 consecutive values of a row (aiter-facts.md "MX quant contract",
   ``e = (u >> 23) & 0xFF``, plus one when the mantissa of ``u`` is nonzero and ``e < 0xFF``.
   ``max_pos`` is 6 (fp4 e2m1), 448 (fp8 e4m3fn), 240 (fp8 e4m3fnuz, gfx942).
 * A group holding +-Inf gets scale byte ``0xFF`` (e8m0 NaN); a NaN only counts as absent from
-  the maximum. Element codes stay defined here (finite values scaled by ``2^-128`` under an
-  Inf, +-Inf saturated, NaN -> the fp8 NaN code or the saturated fp4 code) so that kernels
-  can be compared bitwise; what AMD's hardware conversion writes for a NaN element has not
-  been checked, so callers should treat a NaN element's byte as garbage.
+  the maximum.
+* Non-finite elements, as AITER's element store (``quant_kernels.cu`` -> ``scaled_quant_vgpr_impl``
+  -> ``aiter_opus_plus.h`` at e4048607a5):
+
+  - fp8 (``fp32_to_fp8_scaled_x2``, aiter_opus_plus.h:51-75): ``v_pk_mul_f32`` by the inverse
+    scale (``__builtin_amdgcn_rcpf``: ``+0`` for an Inf group's ``+Inf`` scale), then
+    ``v_med3_f32 x, -max_pos, +max_pos`` and ``v_cvt_pk_fp8_f32``. med3 with a NaN first operand
+    returns ``min(-max_pos, +max_pos)`` (AMD ISA: ``V_MED3_F32`` of a NaN is ``V_MIN3_F32``, and
+    ``V_MIN_F32`` returns the non-NaN operand; LLVM's ``amdgcn_fmed3`` fold says the same). So
+    a NaN element, whatever its sign, becomes ``-max_pos``: byte ``0xFE`` (e4m3fn, gfx950) or
+    ``0xFF`` (e4m3fnuz, gfx942). Under an Inf group every finite element is ``x * 0 = +-0``
+    and every +-Inf element ``Inf * 0 = NaN``, so ``-max_pos`` too.
+  - fp4 (gfx950 ``v_cvt_scalef32_pk_fp4_f32``, no clamp before it): a NaN saturates to
+    ``+-6`` with its sign (codes ``0x7`` / ``0xF``). CK's device test of that instruction
+    expects ``+6`` for a positive NaN; the negative case follows CK's software model of it.
+    Under an Inf group (scale operand ``+Inf``): finite elements ``+-0``, +-Inf saturated with
+    their sign, CK's ``x / scale`` model; not checked on gfx950 hardware.
 * ``q = x * 2^(127 - e)`` rounded to nearest-even on the target grid, saturated at +-max_pos,
   sign kept (``-0`` stays ``-0``; e4m3fnuz has no ``-0`` and writes ``0x00``).
 * fp4 packs element ``2i`` in the low nibble of byte ``i`` (``[0.5, 1.0] -> 0x21``).
@@ -38,15 +51,15 @@ class MxFormat(NamedTuple):
     mant_bits: int
     min_exp: int  # unbiased exponent of the smallest normal
     max_code: int  # magnitude code of the largest finite value
-    nan_code: int | None  # full byte written for NaN, None: saturate
+    nan_code: int | None  # byte of a non-finite element (NaN; +-Inf); None: saturate, sign kept
     neg_zero: bool  # whether a negative zero keeps its sign bit
     sign_shift: int
     inv_max_pos_bits: int  # fp32 bits of 1 / max_pos, as AITER's constant
 
 
 FP4_E2M1 = MxFormat(1, 0, 0x7, None, True, 3, 0x3E2AAAAB)
-FP8_E4M3FN = MxFormat(3, -6, 0x7E, 0x7F, True, 7, 0x3B124925)
-FP8_E4M3FNUZ = MxFormat(3, -7, 0x7F, 0x80, False, 7, 0x3B888889)
+FP8_E4M3FN = MxFormat(3, -6, 0x7E, 0xFE, True, 7, 0x3B124925)  # NaN -> -448
+FP8_E4M3FNUZ = MxFormat(3, -7, 0x7F, 0xFF, False, 7, 0x3B888889)  # NaN -> -240
 AMAX_FLOOR_BITS = struct.unpack("<I", struct.pack("<f", 1e-10))[0]
 
 
@@ -95,13 +108,15 @@ def mx_element_codes(groups: torch.Tensor, scale: torch.Tensor, fmt: MxFormat) -
     normal = exp_q >= fmt.min_exp
     code = torch.where(normal, ((exp_q - fmt.min_exp + 1) << fmt.mant_bits) + n - (1 << fmt.mant_bits), n)
     code = code.clamp(max=fmt.max_code)
-    code = torch.where(biased == 0xFF, torch.full_like(code, fmt.max_code), code)
+    nonfinite = biased == 0xFF
+    code = torch.where(nonfinite, torch.full_like(code, fmt.max_code), code)
+    code = torch.where((scale.unsqueeze(-1) == 0xFF) & ~nonfinite, torch.zeros_like(code), code)
     if fmt.neg_zero:
         code = code | (sign << fmt.sign_shift)
     else:
         code = torch.where(code == 0, code, code | (sign << fmt.sign_shift))
     if fmt.nan_code is not None:
-        code = torch.where((biased == 0xFF) & (mant != 0), torch.full_like(code, fmt.nan_code), code)
+        code = torch.where(nonfinite, torch.full_like(code, fmt.nan_code), code)
     return code
 
 

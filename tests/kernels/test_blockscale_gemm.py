@@ -198,6 +198,34 @@ def test_counters_return_to_zero():
     assert not out.isnan().any()
 
 
+@pytest.mark.parametrize("zero_out", [True, False])
+def test_workspace_cap_splits_rows_over_launches_same_bits(monkeypatch, zero_out):
+    """Above MAX_WORKSPACE_BYTES the kernel runs over row blocks (issue 14.14): the same bits, and no
+    allocation of the partials beyond the cap (rounded up to one row block)."""
+    M, N, K, splits = 150, 128, 256, 2  # BLOCK_M 128: two launches, the second of 22 rows
+    A, B, A_scale, B_scale = make_inputs(M, N, K, seed=11)
+    Bs = shuffle_weight_16x16(B)
+    start = torch.randn(M, N, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEV)
+    whole = start.clone()
+    bg.blockscale_gemm_splitk(A, Bs, whole, A_scale, B_scale, splits=splits, zero_out=zero_out)
+    block_m = bg.block_config(M)["BLOCK_M"]
+    cap = bg.workspace_bytes(block_m, N, splits)  # one row block of partials per launch
+    monkeypatch.setattr(bg, "MAX_WORKSPACE_BYTES", cap)
+    sizes, empty = [], torch.empty
+
+    def spy(*size, **kw):
+        t = empty(*size, **kw)
+        if t.dtype == torch.float32:
+            sizes.append(t.numel() * 4)
+        return t
+
+    monkeypatch.setattr(torch, "empty", spy)
+    chunked = start.clone()
+    bg.blockscale_gemm_splitk(A, Bs, chunked, A_scale, B_scale, splits=splits, zero_out=zero_out)
+    assert sizes and max(sizes) <= cap < bg.workspace_bytes(M, N, splits)
+    assert torch.equal(bits(chunked), bits(whole))
+
+
 def test_empty_m_is_a_no_op():
     A, B, A_scale, B_scale = make_inputs(1, 128, 256)
     out = torch.empty(0, 128, dtype=torch.bfloat16, device=DEV)

@@ -79,7 +79,7 @@ def check(res, ids, w, E, B, *, x=None, qd=None, mask=None, nlt=None, moe_buf_in
     assert torch.equal(res.sorted_weights.cpu()[:n].view(torch.int32), r_w[:n].view(torch.int32))
     assert torch.equal(res.sorted_expert_ids.cpu()[:nb], r_e[:nb])
 
-    T = int(r_nv[1])
+    T = min(max(int(r_nv[1]), 0), M)  # num_valid_ids[1] holds num_local_tokens as given
     if zero_moe_buf:
         buf = res.moe_buf.cpu()
         assert buf.shape == (M, buf.shape[1])

@@ -63,6 +63,20 @@ def test_sort_num_local_tokens_pads_with_local_count():
     assert nv.tolist() == [12, 2]
 
 
+def test_sort_num_local_tokens_outside_the_batch_is_written_as_given():
+    """AITER's kernel stores num_local_tokens[0] as is (moe_sorting_opus.h: ``p_total_tokens_post_pad[1]
+    = tokens``); it routes nothing below 0 and reads out of bounds above M, where the reference stops."""
+    ids, w, e, nv = moe_sorting_reference(IDS, W, 4, 4, num_local_tokens=torch.tensor([-3], dtype=torch.int32))
+    assert nv.tolist() == [0, -3]
+    whole = moe_sorting_reference(IDS, W, 4, 4)
+    ids, w, e, nv = moe_sorting_reference(IDS, W, 4, 4, num_local_tokens=torch.tensor([100], dtype=torch.int32))
+    assert nv.tolist() == [int(whole[3][0]), 100]
+    n = int(nv[0])
+    pad_old, pad_new = _pad(2, 3), _pad(2, 100)
+    assert ids[:n].tolist() == [pad_new if v == pad_old else v for v in whole[0][:n].tolist()]
+    assert pad_new in ids[:n].tolist()
+
+
 def test_sort_drops_out_of_range_ids_and_keeps_duplicates():
     bad = torch.tensor([[0, 9], [-1, 1], [1, 1]], dtype=torch.int32)
     ids, w, e, nv = moe_sorting_reference(bad, W, 4, 4)
@@ -139,6 +153,92 @@ def test_nan_is_skipped_by_the_group_maximum():
         assert mx_quant_rows(with_nan, qd)[1].item() == plain != 0xFF
         all_nan = torch.full((1, 32), float("nan"))
         assert mx_quant_rows(all_nan, qd)[1].item() == mx_quant_rows(torch.zeros(1, 32), qd)[1].item()
+
+
+def _codes(data, qd, n):
+    """The first ``n`` element codes of row 0 (fp4 unpacked low nibble first)."""
+    row = data[0].to(torch.int64)
+    if qd == FP4:
+        row = torch.stack([row & 0xF, row >> 4], -1).reshape(-1)
+    return row[:n].tolist()
+
+
+def test_nan_element_byte_is_aiters_clamp_result():
+    """Issue 14.3. fp8: AITER clamps with v_med3_f32(x, -max, +max) before v_cvt_pk_fp8_f32
+    (aiter_opus_plus.h:50-71); med3 of a NaN is its min operand, so any NaN is -max_pos: 0xFE on
+    e4m3fn (gfx950), 0xFF on e4m3fnuz (gfx942). fp4 (v_cvt_scalef32_pk_fp4_f32, no clamp): +-6
+    with the NaN's sign."""
+    pos_nan = torch.tensor([0x7FC00000], dtype=torch.int32).view(torch.float32).item()
+    neg_nan = torch.tensor([-4194304], dtype=torch.int32).view(torch.float32).item()  # 0xFFC00000
+    x = _group(3.0, pos_nan, neg_nan, -1.0)
+    assert _codes(mx_quant_rows(x, FP8)[0], FP8, 4) == [0x7C, 0xFE, 0xFE, 0xF0]  # scale 2^-7: 384, -128
+    assert _codes(mx_quant_rows(x, FP8NUZ)[0], FP8NUZ, 4) == [0x7C, 0xFF, 0xFF, 0xF0]  # 2^-6: 192, -64
+    assert _codes(mx_quant_rows(x, FP4)[0], FP4, 4) == [0x7, 0x7, 0xF, 0xC]  # scale 2^-1: 6, -2
+
+
+@pytest.mark.parametrize("qd,finite,nonfinite", [
+    (FP8, [0x00, 0x80, 0x00], 0xFE),   # x * (1 / Inf) = +-0; Inf * 0 and NaN -> -448
+    (FP8NUZ, [0x00, 0x00, 0x00], 0xFF),  # no -0 in e4m3fnuz; -240
+])
+def test_fp8_elements_under_an_infinite_scale(qd, finite, nonfinite):
+    x = _group(1.0e30, -2.0, 0.0, float("inf"), -float("inf"), float("nan"))
+    data, scale = mx_quant_rows(x, qd)
+    assert scale.item() == 0xFF
+    assert _codes(data, qd, 6) == finite + [nonfinite] * 3
+
+
+def test_fp4_elements_under_an_infinite_scale():
+    """Not settled on gfx950 hardware: modelled as CK's ``x / scale`` (finite -> +-0), +-Inf and
+    NaN saturated with their sign."""
+    pos_nan = torch.tensor([0x7FC00000], dtype=torch.int32).view(torch.float32).item()
+    x = _group(3.0e38, -2.0, float("inf"), -float("inf"), pos_nan, 0.0)  # 3e38 * 2^-128 would be code 2
+    data, scale = mx_quant_rows(x, FP4)
+    assert scale.item() == 0xFF
+    assert _codes(data, FP4, 6) == [0x0, 0x8, 0x7, 0xF, 0x7, 0x0]
+
+
+def _real_aiter_on_rocm():
+    import importlib.util
+
+    if getattr(torch.version, "hip", None) is None or not torch.cuda.is_available():
+        return None
+    if importlib.util.find_spec("aiter") is None:
+        return None
+    import aiter
+
+    return None if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False) else aiter
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mx", ["fp8", "fp4"])
+def test_amd_aiters_own_quant_writes_the_reference_bytes_for_non_finite_values(mx):
+    """On an AMD GPU with real AITER: AITER's HIP quant helper on NaN (both signs), +-Inf and
+    finite values must give the reference's bytes. The fp8 NaN byte is derived from AITER's
+    source; the fp4 negative NaN and Inf-group bytes are a model until this test has run."""
+    aiter = _real_aiter_on_rocm()
+    if aiter is None:
+        pytest.skip("needs real AITER on a ROCm GPU (gfx942 / gfx950)")
+    from aiter_patches.reference.mx_quant import stage1_uses_fused_quant
+
+    M, topk, E, B, N = 4, 2, 4, 16, 256
+    dev = torch.device("cuda")
+    ids = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+    w = torch.full((M, topk), 0.5)
+    sorted_ids, sorted_w, _, nv = moe_sorting_reference(ids, w, E, B)
+    x = torch.randn(M, N, generator=torch.Generator().manual_seed(0)) * 3
+    nan_bits = torch.tensor([0x7FC00000, -4194304], dtype=torch.int32).view(torch.float32)
+    x[0, 3], x[0, 70], x[1, 40], x[2, 100] = nan_bits[0], nan_bits[1], float("inf"), -float("inf")
+    x[2, 101] = nan_bits[0]
+    x = x.to(torch.bfloat16)
+    fn = aiter.fused_dynamic_mxfp8_quant_moe_sort if mx == "fp8" else aiter.fused_dynamic_mxfp4_quant_moe_sort
+    data, scale = fn(x.to(dev), sorted_ids=sorted_ids.to(dev), num_valid_ids=nv.to(dev), token_num=M, topk=topk,
+                     block_size=B, sorted_weights=sorted_w.to(dev))
+    qd = data.dtype if mx == "fp8" else FP4
+    ref = mx_quant_moe_sort_reference(x.float(), sorted_ids, nv, sorted_w, M, qd,
+                                      fused=stage1_uses_fused_quant(M, topk))
+    dd, sd = ref.data_defined, ref.scale_defined
+    assert torch.equal(data.cpu().view(torch.uint8)[dd], ref.data.view(torch.uint8)[dd])
+    assert torch.equal(scale.cpu().view(torch.uint8)[sd], ref.scale.view(torch.uint8)[sd])
 
 
 @pytest.mark.parametrize("qd,maxv", [(FP8, 448.0), (FP8NUZ, 240.0)])

@@ -346,6 +346,55 @@ def test_real_aiter_branch_plans_once_and_launches_without_memset(stub, device, 
     assert out.isnan().all()
 
 
+def test_out_requiring_grad_gets_the_originals_outcome(stub, gemm_op, device, caplog):
+    """Issue 14.11: under grad mode AITER's in-place write into a leaf that requires grad raises;
+    the patch wrote into it through the kernel's pointer. Under no_grad both write."""
+    M, N, K = 7, 128, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=6)
+    leaf = zero_out(M, N, device).requires_grad_()
+    original = capture_error(lambda: gemm(A, Bs, leaf, A_scale, B_scale, splitK=2))
+    assert original is not None and "requires grad" in original[1]
+    gemm_op.clear()
+    aiter_patches.apply([NAME])
+    with caplog.at_level("DEBUG", logger="aiter_patches"):
+        patched = zero_out(M, N, device).requires_grad_()
+        assert capture_error(lambda: gemm(A, Bs, patched, A_scale, B_scale, splitK=2, out_zeroed=True)) == original
+    assert torch.equal(bits(patched.detach()), bits(zero_out(M, N, device)))  # nothing written
+    assert len(gemm_op) == 1 and stats()["fast"] == 0
+    reason = "out requires grad under grad mode (AITER's in-place write decides the outcome)"
+    assert stats()["fallback"] == {reason: 1}
+    assert reason in caplog.text
+    with torch.no_grad():
+        expected = zero_out(M, N, device).requires_grad_()
+        with suspended():
+            gemm(A, Bs, expected, A_scale, B_scale, splitK=2)
+        got = zero_out(M, N, device).requires_grad_()
+        gemm(A, Bs, got, A_scale, B_scale, splitK=2, out_zeroed=True)
+    assert torch.equal(bits(got.detach()), bits(expected.detach())) and stats()["fast"] == 1
+
+
+def test_call_above_the_workspace_cap_goes_to_the_original(stub, gemm_op, device, monkeypatch):
+    """Issue 14.14: the split partials are capped; a larger call is AITER's, counted."""
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=7)
+    expected = nan_out(M, N, device)
+    gemm(A, Bs, expected, A_scale, B_scale, splitK=2)
+    gemm_op.clear()
+    aiter_patches.apply([NAME])
+    monkeypatch.setattr(kernel, "MAX_WORKSPACE_BYTES", kernel.workspace_bytes(M, N, 2) - 1)
+    out = zero_out(M, N, device)
+    gemm(A, Bs, out, A_scale, B_scale, splitK=2, out_zeroed=True)
+    assert len(gemm_op) == 1 and stats()["fast"] == 0
+    assert torch.equal(bits(out), bits(expected))
+    [reason] = stats()["fallback"]
+    assert reason.startswith("split-K workspace 2*7*256*4 = 14336 bytes exceeds MAX_WORKSPACE_BYTES")
+    monkeypatch.setattr(kernel, "MAX_WORKSPACE_BYTES", kernel.workspace_bytes(M, N, 2))
+    gemm_op.clear()
+    out = zero_out(M, N, device)
+    gemm(A, Bs, out, A_scale, B_scale, splitK=2, out_zeroed=True)
+    assert gemm_op == [] and stats()["fast"] == 1 and torch.equal(bits(out), bits(expected))
+
+
 def test_bias_goes_to_the_original(stub, gemm_op, device):
     M, N, K = 7, 128, 512
     A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=6)

@@ -80,6 +80,70 @@ def test_fused_moe_patched_equals_unpatched(stub, device, M, E, topk, quant, ske
     assert stats()["fast"] == hits, stats()
 
 
+class _Watching(aiter_patches.SortExtension):
+    """Declines every sort and watches it: the chain after it decides."""
+
+    def after_sort(self, call, outputs):
+        pass
+
+
+def _outcome(fn):
+    try:
+        out = fn()
+    except Exception as exc:  # noqa: BLE001 - compared between patched and unpatched
+        return type(exc), str(exc)
+    return out.shape, out.dtype
+
+
+@pytest.mark.parametrize("mode", ["plain", "addend", "extension"])
+@pytest.mark.parametrize("quant", ["fp4", "fp8", "bf16"])
+def test_zero_tokens_have_the_originals_outcome(stub, device, quant, mode):
+    """Issue 14.10: with 0 tokens AITER's MX quant launcher fails (it divides by token_num); the
+    patch handed back an empty quant and failed later with another exception type."""
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, 0, 8, 2, 256, 128, quant)
+
+    def call():
+        if mode == "addend":
+            addend = torch.zeros(0, 256, dtype=torch.bfloat16, device=device)
+            return aiter_patches.fused_moe_with_addend(addend, **args)
+        if mode == "extension":
+            with aiter_patches.sort_extension(_Watching()):
+                return fm.fused_moe(**args)
+        return fm.fused_moe(**args)
+
+    expected = _outcome(call)
+    aiter_patches.apply()
+    assert _outcome(call) == expected
+    if quant != "bf16":
+        assert stats()["fallback"] == {"stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)": 1}
+
+
+@pytest.mark.parametrize("special", ["nan", "inf"])
+@pytest.mark.parametrize("quant,fp8", [("fp8", torch.float8_e4m3fn), ("fp8", torch.float8_e4m3fnuz),
+                                       ("fp4", None)], ids=["mxfp8-gfx950", "mxfp8-gfx942", "mxfp4"])
+def test_non_finite_activation_rows_equal_unpatched(stub, device, monkeypatch, quant, fp8, special):
+    """Issue 14.3: a NaN element was 0x7E in the stand-in, 0x7F in the kernel; the whole output
+    row differed and stayed finite, so nothing flagged it. Both now write AITER's -max_pos."""
+    import aiter.fused_moe as fm
+
+    if fp8 is not None:
+        monkeypatch.setattr(stub.dtypes, "fp8", fp8)  # the chip the stand-in emulates
+    args = moe_inputs(stub, device, 4, 8, 2, 256, 128, quant, seed=8)
+    x = args["hidden_states"].clone()
+    value = float(special)
+    x[1, 5], x[2, 40] = value, -value  # a NaN (or +-Inf: a group with scale 0xFF) among finite values
+    args["hidden_states"] = x
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    got = fm.fused_moe(**args)
+    assert stats()["fast"] == 2, stats()
+    assert same_bits(got, expected)
+    if special == "nan":
+        assert torch.isfinite(expected.float()).all()  # a wrong NaN byte would not show as NaN
+
+
 def test_num_local_tokens_and_zero_weights(stub, device):
     import aiter.fused_moe as fm
 
@@ -94,6 +158,37 @@ def test_num_local_tokens_and_zero_weights(stub, device):
     assert stats()["fast"] == 2
 
 
+@pytest.mark.parametrize("nlt", [-3, 0, 9, 100])
+def test_num_local_tokens_outside_the_batch_as_aiter(stub, device, nlt):
+    """Issue 14.9: AITER's kernel writes ``num_local_tokens[0]`` as given into ``num_valid_ids[1]``
+    and the padding ids (moe_sorting_opus.h); the patched sort clamped it to [0, M]."""
+    import aiter.fused_moe as fm
+
+    M, E, topk, dim, block = 9, 16, 4, 256, 32
+    args = moe_inputs(stub, device, M, E, topk, dim, 128, "fp4", seed=6)
+    args["num_local_tokens"] = torch.tensor([nlt], dtype=torch.int32, device=device)
+    ids, w = args["topk_ids"], args["topk_weight"]
+
+    def sort():
+        return fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block,
+                              num_local_tokens=args["num_local_tokens"])
+
+    s0 = sort()
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    s1 = sort()
+    got = fm.fused_moe(**args)
+    assert s1[3].tolist() == s0[3].tolist() and int(s0[3][1]) == nlt
+    rows = min(max(nlt, 0), M)
+    n_ids, n_blocks = defined_sort_region(s0[3].cpu(), block)
+    assert torch.equal(s0[0][:n_ids], s1[0][:n_ids])
+    assert torch.equal(s0[1][:n_ids].view(torch.int32), s1[1][:n_ids].view(torch.int32))
+    assert torch.equal(s0[2][:n_blocks], s1[2][:n_blocks])
+    assert torch.equal(s1[4][:rows], torch.zeros_like(s1[4][:rows]))
+    assert same_bits(got[:rows], expected[:rows])  # rows past num_local_tokens are never written by AITER
+    assert stats()["fast"] >= 2 and stats()["fallback"] == {}
+
+
 def test_sort_outputs_and_quant_bytes_match_over_the_defined_region(stub, device):
     """The sort call and the stage-1 quant call, compared field by field with the reference's masks."""
     import aiter.fused_moe as fm
@@ -101,7 +196,7 @@ def test_sort_outputs_and_quant_bytes_match_over_the_defined_region(stub, device
     M, E, topk, dim, block = 6, 16, 4, 512, 32
     ids, w = routing(M, E, topk, device, seed=2)
     x = (torch.randn(M, dim, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16).to(device)
-    x[1, :32] = float("nan")  # NaN group -> scale 0xFF
+    x[1, :32] = float("nan")  # an all-NaN group: the floor scale (fmaxf skips NaN), fp4 codes +-6 by the NaN sign
     x[2, 32:64] = 1e-40  # denormals
 
     def run():

@@ -336,6 +336,67 @@ def test_close_runs_on_exception(stub):
     assert ext.closed == 1 and se.active() == ()
 
 
+def _scope_in_generator(ext):
+    """A generator that holds ``sort_extension(ext)`` open between its first ``next`` and its close."""
+
+    def gen():
+        with sort_extension(ext):
+            yield
+
+    g = gen()
+    next(g)
+    return g
+
+
+@pytest.mark.parametrize("where", ["another thread", "another Context"])
+def test_scope_closed_from_another_context_deactivates_and_closes_once(stub, fm, device, aiter_sort, where):
+    """Issue 14.12: ``ContextVar.reset`` raised ValueError there, ``close()`` never ran and the
+    extension stayed active for every later sort of the thread that opened the scope."""
+    import contextvars
+
+    ids, w = routing(4, E, TOPK, device)
+    aiter_patches.apply([NAME])
+    ext = Fixed(None, "held")
+    g = _scope_in_generator(ext)
+    assert se.active() == (ext,)
+    errors = []
+
+    def close():
+        try:
+            g.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    if where == "another thread":
+        t = threading.Thread(target=close)
+        t.start()
+        t.join(30)
+    else:
+        contextvars.Context().run(close)
+    assert errors == [] and ext.closed == 1
+    assert se.active() == ()
+    before = len(aiter_sort.calls)
+    sort(fm, ids, w)  # an unrelated later sort in the thread that opened the scope
+    assert ext.asked == [] and ext.after == [] and len(aiter_sort.calls) == before + 1
+    refs = weakref.ref(ext)
+    del ext, g
+    gc.collect()
+    assert refs() is None, "a stale copy of the context must not keep the extension alive"
+
+
+def test_scopes_closed_out_of_order_leave_the_other_open(stub):
+    first, second = Fixed(None, "first"), Fixed(None, "second")
+    g1 = _scope_in_generator(first)
+    g2 = _scope_in_generator(second)
+    assert se.active() == (first, second)
+    g1.close()
+    assert se.active() == (second,) and first.closed == 1 and second.closed == 0
+    with sort_extension(Fixed(None, "third")) as third:
+        assert se.active() == (second, third)
+    g2.close()
+    assert se.active() == () and second.closed == 1 and first.closed == 1
+
+
 def test_only_sort_extensions_can_be_scoped():
     with pytest.raises(TypeError, match="SortExtension"):
         with sort_extension(object()):

@@ -497,3 +497,25 @@ def test_cuda_graph_capture_and_replay():
         torch.cuda.synchronize()
         assert torch.equal(graph_out[: M - 3].view(torch.int16), eager[: M - 3].view(torch.int16))
         assert graph_out[: M - 3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("fmt,qd", [(lk._FP4_E2M1, torch.float4_e2m1fn_x2), (lk._FP8_E4M3FN, torch.float8_e4m3fn),
+                                    (lk._FP8_E4M3FNUZ, torch.float8_e4m3fnuz)])
+def test_non_finite_elements_match_the_reference(fmt, qd):
+    """Issue 14.3: the stand-in wrote 0x7E (e4m3fn) for a NaN, the kernel and the reference 0x7F;
+    AITER's clamp gives -max_pos (0xFE / 0xFF). Inf groups: finite elements +-0."""
+    from aiter_patches.reference.mx_quant import mx_quant_rows
+
+    bits = torch.tensor([0x7FC00000, -4194304, 0x7F800001, 0x7F800000, -8388608], dtype=torch.int32)
+    specials = bits.view(torch.float32)  # +NaN, -NaN, a signalling NaN, +Inf, -Inf
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 64, generator=g) * 3
+    x[0, 3], x[1, 5:7], x[2, 0] = specials[0], specials[1:3], specials[0]
+    x[2, 1:32] = specials[0]  # a group of NaN but one value
+    x[3, 40], x[4, 7], x[4, 9] = specials[3], specials[4], specials[0]  # Inf groups, one with a NaN
+    x[5, :32] = specials[0]  # a group of NaN only
+    data, scale = lk._mx_quant_rows(x, fmt)
+    want_data, want_scale = mx_quant_rows(x, qd)
+    assert torch.equal(scale.to(torch.uint8), want_scale)
+    assert torch.equal(data, want_data)
+

@@ -85,8 +85,8 @@ def moe_sorting_opus_fwd(
 
     - ``sorted_token_ids[:total]``: ``(slot << 24) | token`` grouped by expert
       (ascending id), ascending token inside an expert; each expert's segment
-      padded to a multiple of ``unit_size`` with ``(topk << 24) | T``, where ``T``
-      is ``num_local_tokens[0]`` (read on the device) or ``M``. Experts with no
+      padded to a multiple of ``unit_size`` with ``(topk << 24) | (T & 0xFFFFFF)``,
+      where ``T`` is ``num_local_tokens[0]`` (read on the device, used as given) or ``M``. Experts with no
       routed pair get no block.
     - ``sorted_weights[:total]``: the pair's weight, ``0.0`` in padding.
     - ``sorted_expert_ids[:total // unit_size]``: the block's expert; under
@@ -102,6 +102,10 @@ def moe_sorting_opus_fwd(
       padding; ``reverse_sorted`` (if given): the sorted slot of every routed pair.
 
     Tokens ``>= T`` are not routed. Positions past ``total`` are not written.
+    ``T`` outside ``[0, M]``: below 0 nothing is routed or zeroed and ``num_valid_ids``
+    is ``[0, T]``, as in AITER; above ``M`` AITER reads ``topk_ids`` and zeroes
+    ``moe_buf`` past their ends (undefined), the stand-in stops at ``M``; both write
+    ``T`` as given to ``num_valid_ids[1]`` and the padding ids.
     Deviations from the HIP kernel, where it is undefined: an expert id outside
     ``[0, num_experts)`` is dropped (the kernel would index out of bounds; here
     ``local_topk_ids`` gets ``-1`` for it under a mask and the id as is without);
@@ -215,7 +219,7 @@ def _sort_impl(
     dest = torch.where(routed, seg_start[ids_c] + rank, L)  # L is a scratch slot
 
     # Launch 4: scatter ids/weights over a padding-filled buffer.
-    pad_id = (topk << 24) | T
+    pad_id = (topk << 24) | (T & 0xFFFFFF)  # AITER's MOE_SORTING_MOCK_ID
     ids_buf = pad_id.expand(L + 1).clone()
     ids_buf.scatter_(0, dest, (slot << 24) | token)
     w_buf = torch.zeros(L + 1, dtype=torch.float32, device=device)
@@ -335,8 +339,16 @@ def _mx_quant_rows(x: torch.Tensor, fmt: _MxFormat) -> tuple[torch.Tensor, torch
     a = g.abs()
     amax = torch.where(a.isnan(), 0.0, a).amax(dim=-1).clamp_min(_E8M0_OF_EMPTY_GROUP)  # fmaxf skips NaN
     e = _e8m0_round_up(amax, fmt)
-    inv_scale = _pow2_f32((127 - e).clamp(-126, 127))
-    code = _encode(g * inv_scale.unsqueeze(-1), fmt).view(rows, n)
+    # AITER multiplies by the reciprocal of the fp32 scale 2^(e-127): +0 for an Inf group's +Inf.
+    inv_scale = torch.where(e == 0xFF, 0.0, _pow2_f32((127 - e).clamp(-126, 127))).unsqueeze(-1)
+    if fmt.packed:
+        # gfx950's v_cvt_scalef32_pk_fp4_f32: a non-finite element saturates with its own sign
+        q = torch.where(g.isfinite(), g * inv_scale, g)
+    else:
+        # v_med3_f32(q, -max, +max) before v_cvt_pk_fp8_f32 (aiter_opus_plus.h): NaN gives -max
+        q = g * inv_scale
+        q = torch.where(q.isnan(), -fmt.max_pos, q.clamp(-fmt.max_pos, fmt.max_pos))
+    code = _encode(q, fmt).view(rows, n)
     if fmt.packed:
         code = code[:, 0::2] | (code[:, 1::2] << 4)
     return code.to(torch.uint8), e
