@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .fast_launch import launch
+
 SCALE_BLOCK = 128
 FP8_DTYPES = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
@@ -275,15 +277,16 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshuffled: bool = True,
-                           zero_out: bool = True) -> torch.Tensor:
+                           zero_out: bool = True, checked: bool = False) -> torch.Tensor:
     """out (bf16 [M, N]) <- block-scaled A @ B^T, K cut into `splits` runs.
 
     zero_out=True: AITER's behaviour, the result overwrites `out` (a memset launch
     first when splits > 1, as AITER's launcher does). zero_out=False: no memset; the
     result is added onto `out` as given, so a caller that already zeroed `out` gets
-    the same bits as zero_out=True.
+    the same bits as zero_out=True. checked=True: the caller just had `unsupported_reason` return
+    None for these same arguments (not repeated).
     """
-    reason = unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled)
+    reason = None if checked else unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled)
     if reason is not None:
         raise ValueError(f"blockscale_gemm_splitk: {reason}")
     M, K = A.shape
@@ -299,13 +302,13 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
         if zero_out:
             out.zero_()
         ws = torch.empty(splits * rows * N, dtype=torch.float32, device=A.device)
-        cnt = _tile_counters(A.device, triton.cdiv(rows, block_m) * (N // block_n))
+        cnt = _tile_counters(A.device, -(-rows // block_m) * (N // block_n))
     for m0 in range(0, M, rows):
         m = min(rows, M - m0)
-        a, o, a_s = A[m0:m0 + m], out[m0:m0 + m], A_scale[m0:m0 + m]
+        a, o, a_s = (A, out, A_scale) if m == M else (A[m0:m0 + m], out[m0:m0 + m], A_scale[m0:m0 + m])
         if splits == 1:
             ws = cnt = o  # unused by the kernel when SPLITS == 1
-        _blockscale_gemm_kernel[((N // block_n) * splits, triton.cdiv(m, block_m))](
+        launch(_blockscale_gemm_kernel, ((N // block_n) * splits, -(-m // block_m)),
             a, B, o, a_s, B_scale, ws, cnt,
             m, N, K // SCALE_BLOCK, k_tiles_per_split(K, splits), m * N,
             a.stride(0), o.stride(0), a_s.stride(0), a_s.stride(1), B_scale.stride(0), B_scale.stride(1),

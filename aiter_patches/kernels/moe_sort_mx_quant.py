@@ -50,6 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .fast_launch import launch
+
 # One launch while each program's redundant count of all pairs stays short; above it three
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
 ONE_LAUNCH_MAX_PAIRS = 2048
@@ -603,16 +605,17 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
                       expert_mask=None, num_local_tokens=None,
                       quant_input=None, quant_dtype=None,
                       moe_buf=None, moe_buf_init=None, zero_moe_buf=True,
-                      quant_semantics: str = "auto") -> SortQuantResult:
+                      quant_semantics: str = "auto", checked: bool = False) -> SortQuantResult:
     """Sort ``topk_ids`` for the MoE GEMMs, fill ``moe_buf`` and MX-quantize ``quant_input``.
 
     Outputs have AITER's sizes and dtypes; the caller must have checked
-    :func:`unsupported_reason`. ``zero_moe_buf=False`` leaves ``moe_buf`` alone (a given one is
+    :func:`unsupported_reason` (``checked=True``: it just did, with these same arguments, and
+    the check is not repeated). ``zero_moe_buf=False`` leaves ``moe_buf`` alone (a given one is
     returned as is, else a ``(0, 0)`` placeholder, as AITER returns when it does not zero).
     """
-    reason = unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_size,
-                                expert_mask, num_local_tokens, quant_input, quant_dtype, moe_buf,
-                                moe_buf_init)
+    reason = None if checked else unsupported_reason(
+        topk_ids, topk_weights, num_experts, model_dim, block_size, expert_mask, num_local_tokens,
+        quant_input, quant_dtype, moe_buf, moe_buf_init)
     if reason is not None:
         raise ValueError(reason)
     if moe_buf_init is not None and not zero_moe_buf:
@@ -667,18 +670,18 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     chunk_t = 1
     if prescanned:
         chunk_t = max(1, _prev_pow2(CHUNK_PAIRS // K))
-        n_chunks = triton.cdiv(M, chunk_t)
+        n_chunks = -(-M // chunk_t)
         hist = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         pre = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         tot = _empty(e_bins, dtype=torch.int32, device=dev)
         ranks = _empty(M * K, dtype=torch.int32, device=dev)
         pc = _next_pow2(chunk_t * K)
-        _chunk_rank_kernel[(n_chunks,)](
+        launch(_chunk_rank_kernel, (n_chunks,),
             topk_ids, mask_arg, nlt_arg, hist, ranks, M, num_experts,
             K=K, E_BINS=e_bins, CHUNK_T=chunk_t, PC=pc, PC_BITS=pc.bit_length() - 1,
             HAS_MASK=has_mask, HAS_NLT=has_nlt, num_warps=4 if pc <= 1024 else 8)
         e_tile = min(e_bins, 64)
-        _chunk_scan_kernel[(e_bins // e_tile,)](hist, pre, tot, n_chunks,
+        launch(_chunk_scan_kernel, (e_bins // e_tile,), hist, pre, tot, n_chunks,
                                                 E_BINS=e_bins, E_TILE=e_tile, C_TILE=64)
 
     # large split-semantics batches: scales go to a compact [M, G] buffer, then to the sorted rows
@@ -691,7 +694,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
                        max(g_pad // 16, 1) if quant is not None else max(model_dim // 1024, 1)))
     g_tile = g_pad // split if quant is not None else 1
     qg = min(g_tile, QUANT_GROUPS)
-    _sort_quant_kernel[(max(M, 1), split)](
+    launch(_sort_quant_kernel, (max(M, 1), split),
         topk_ids, topk_weights, mask_arg, nlt_arg,
         sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids,
         x, x.stride(0), q_u8, s_u8,
@@ -704,12 +707,12 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
-        D_SPLIT=triton.cdiv(triton.cdiv(model_dim, split), 16) * 16,
+        D_SPLIT=-(-(-(-model_dim // split)) // 16) * 16,  # cdiv(cdiv(D, split), 16) * 16 in host ints
         PRESCANNED=prescanned, CHUNK_T=chunk_t, G_TILE=g_tile, QG=qg, COMPACT_SCALES=compact_scales,
         num_warps=4 if qg * 32 <= WIDE_ROW_ELEMS else 8,
     )
     if compact_scales:
-        _scale_tiles_kernel[(s_out.shape[0] // 32,)](sorted_ids, num_valid_ids, compact, s_u8, G,
+        launch(_scale_tiles_kernel, (s_out.shape[0] // 32,), sorted_ids, num_valid_ids, compact, s_u8, G,
                                                        SNP=snp, BYTES=SCALE_TILE_BYTES)
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
 

@@ -106,7 +106,7 @@ def _plan(bound: dict):
         if reason is not None:
             return reason
         return lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,
-                                                 b_preshuffled=bpreshuffle, zero_out=False)
+                                                 b_preshuffled=bpreshuffle, zero_out=False, checked=True)
     from ..kernels import hip_blockscale_asm as hip
 
     reason = hip.unsupported_reason(A, B, out, A_scale, B_scale)

@@ -25,10 +25,15 @@ _PER_1X32 = 3  # QuantType.per_1x32
 _SWIGLU, _SITUV2 = 2, 3  # ActivationType
 
 
-def _kernel():
-    from ..kernels import moe_sort_mx_quant
+_KERNEL = []  # the kernel module, imported at the first call (an import statement per call costs ~1 µs)
 
-    return moe_sort_mx_quant
+
+def _kernel():
+    if not _KERNEL:
+        from ..kernels import moe_sort_mx_quant
+
+        _KERNEL.append(moe_sort_mx_quant)
+    return _KERNEL[0]
 
 
 # AITER reads these once, at the import of aiter.fused_moe (fused_moe.py:76-77 at e4048607a5), and
@@ -198,7 +203,8 @@ def _sort_wrapper(inner, site):
         try:
             res = kernel.moe_sort_mx_quant(
                 bound["topk_ids"], bound["topk_weights"], bound["num_experts"], bound["model_dim"],
-                bound["moebuf_dtype"], bound["block_size"], zero_moe_buf=_zeroes(bound), **_kernel_kwargs(request),
+                bound["moebuf_dtype"], bound["block_size"], zero_moe_buf=_zeroes(bound), checked=True,
+                **_kernel_kwargs(request),
             )
         except Exception as exc:  # a compile or launch failure: AITER does the work
             counters.failed(exc, "moe_sort_mx_quant kernel")
