@@ -25,6 +25,7 @@ def _env(sglang_root):
     e = {k: v for k, v in os.environ.items() if not k.startswith("AITER_PATCHES")}
     e["PYTHONPATH"] = os.pathsep.join([STUB_ROOT, str(sglang_root), str(ROOT)])
     e["TRITON_INTERPRET"] = "1"
+    e["CUDA_VISIBLE_DEVICES"] = ""  # what is under test is the log, not a device: the same CPU run everywhere
     return e
 
 
