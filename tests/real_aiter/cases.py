@@ -24,9 +24,8 @@ TUNED_MXFP4 = dict(model_dim=3072, inter_dim=256, experts=256, topk=8)
 TUNED_MXFP8 = dict(model_dim=6144, inter_dim=512, experts=257, topk=9)
 
 SORT_ONLY_NOTHING_SAVED = "sort only, nothing saved"
-ISSUE_14_ITEM_10 = ("issue 14 item 10: at 0 tokens the patched call raises another exception type than the "
-                    "unpatched one (on real AITER's chain the unpatched ZeroDivisionError comes from the stand-in's "
-                    "quant leaf, token_num 0); helper h2 mends the patch's sort wrapper")
+# A case may carry xfail=<reason> (the tests mark it non-strict). The 0-token cases did, for issue 14
+# item 10 (patched and unpatched raised different exception types), until that was mended on main.
 
 
 def _case(name, *, quant="mxfp4", tokens=1, experts=8, topk=2, model_dim=256, inter_dim=256, activation="Silu",
@@ -48,7 +47,7 @@ def cases() -> list[dict]:
         # Prefill-sized: one chip each (the Triton interpreter makes these the suite's cost).
         out.append(_case(f"{q}-untuned-t257-e32-k2", quant=q, tokens=257, experts=32, topk=2, model_dim=64,
                          inter_dim=64, gfx=("gfx942",) if q == "mxfp4" else ("gfx950",)))
-        out.append(_case(f"{q}-t0", quant=q, tokens=0, experts=8, topk=2, expect="zero", xfail=ISSUE_14_ITEM_10))
+        out.append(_case(f"{q}-t0", quant=q, tokens=0, experts=8, topk=2, expect="zero"))
         out.append(_case(f"{q}-ep", quant=q, tokens=3, experts=8, topk=4, ep=True))
         out.append(_case(f"{q}-num-local-tokens", quant=q, tokens=16, experts=8, topk=2, num_local_tokens=9))
         out.append(_case(f"{q}-addend", quant=q, tokens=3, experts=8, topk=2, addend=True))

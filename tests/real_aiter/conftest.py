@@ -22,7 +22,6 @@ import pytest
 
 ENV = "AITER_PATCHES_TEST_AITER_SRC"
 REPO = Path(__file__).resolve().parents[2]
-FIXTURE_NAME = "aiter-e4048607a5.tar.xz"
 RUNNER = Path(__file__).resolve().parent / "runner.py"
 CHIPS = {"gfx942": 304, "gfx950": 256}  # compute units of MI300X and MI355X
 TIMEOUT_S = 600
@@ -56,17 +55,10 @@ def aiter_tree(tmp_path_factory) -> Path:
 
 
 def _fixture() -> Path:
-    """``../shared/fixtures/<name>`` beside this clone; for a git worktree, also beside its main clone."""
-    roots = [REPO]
-    try:
-        common = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--git-common-dir"], capture_output=True,
-                                text=True, timeout=30).stdout.strip()
-        if common:
-            roots.append((REPO / common).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    cands = [r.parent / "shared" / "fixtures" / FIXTURE_NAME for r in roots]
-    return next((c for c in cands if c.is_file()), cands[0])
+    """``../shared/fixtures/<name>`` beside this clone or a folder above it (a git worktree's case)."""
+    from helpers.aiter_tree import TARBALL, find_tarball
+
+    return find_tarball() or TARBALL
 
 
 _PROCS: dict = {}
