@@ -50,6 +50,10 @@ MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_qu
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
 SCALE_TILE_BYTES = 1024  # bytes of the swizzled scale layout a program writes per step
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
+# Token-count buckets: every constexpr the launch derives from the batch comes from the ceiling of
+# the token count's bucket (``_batch_params``), so one model configuration compiles a fixed few
+# variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
+TOKEN_BUCKETS = (4, 16, 64, 256, 1024)
 MAX_EXPERTS = 2048
 MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
@@ -210,7 +214,7 @@ def _count_same_expert(ids_ptr, mask_ptr, lo, hi, eq, E, E_BINS: tl.constexpr, P
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # the token count: one variant for every batch size
 def _sort_quant_kernel(
     ids_ptr, w_ptr, mask_ptr, nlt_ptr,
     sid_ptr, sw_ptr, seid_ptr, nv_ptr,
@@ -345,7 +349,7 @@ def _sort_quant_kernel(
                                     FP4, QG)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
                        K: tl.constexpr, E_BINS: tl.constexpr, CHUNK_T: tl.constexpr,
                        PC: tl.constexpr, PC_BITS: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -389,7 +393,7 @@ def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, SNP: tl.constexpr, BY
         tl.store(s_ptr + p.to(tl.int64) * (SNP * 32) + o, val, mask=o < SNP * 32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_chunks"])
 def _chunk_scan_kernel(hist_ptr, pre_ptr, tot_ptr, n_chunks,
                        E_BINS: tl.constexpr, E_TILE: tl.constexpr, C_TILE: tl.constexpr):
     """Exclusive prefix of the chunk histograms over chunks, per expert, and the totals."""
@@ -574,10 +578,8 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     q_u8 = q_out.view(torch.uint8) if quant is not None else q_out
     s_u8 = s_out.view(torch.uint8) if quant is not None else s_out
     g_pad = _next_pow2(G)
-    split = max(1, min(max(_prev_pow2(max(ROW_SPLIT_PROGRAMS // max(M, 1), 1)), MIN_ROW_SPLIT),
-                       max(g_pad // 16, 1) if quant is not None else max(model_dim // 1024, 1)))
-    g_tile = g_pad // split if quant is not None else 1
-    qg = min(g_tile, QUANT_GROUPS)
+    batch = _batch_params(M, K, e_bins, k_pad, g_pad, quant is not None, model_dim)
+    split, g_tile, qg = batch["split"], batch["G_TILE"], batch["QG"]
     _sort_quant_kernel[(max(M, 1), split)](
         topk_ids, topk_weights, mask_arg, nlt_arg,
         sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids,
@@ -586,9 +588,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         pre, tot, ranks, compact,
         M, num_experts, model_dim, G,
         K=K, K_PAD=k_pad, BLOCK=block_size, E_BINS=e_bins,
-        # counting parameters matter only to the one-launch path (fixed otherwise: no recompiles)
-        **(dict(COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2) if prescanned else
-           dict(**_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)))),
+        COUNT_CHUNK=batch["COUNT_CHUNK"], USE_HIST=batch["USE_HIST"], RANK_CHUNK=batch["RANK_CHUNK"],
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
@@ -601,6 +601,29 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         _scale_tiles_kernel[(s_out.shape[0] // 32,)](sorted_ids, num_valid_ids, compact, s_u8, G,
                                                        SNP=snp, BYTES=SCALE_TILE_BYTES)
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
+
+
+def _batch_params(M: int, K: int, e_bins: int, k_pad: int, g_pad: int, quant: bool, model_dim: int) -> dict:
+    """Every launch parameter of ``_sort_quant_kernel`` chosen from the token count, and the grid split.
+
+    Chosen for the ceiling of ``M``'s bucket in ``TOKEN_BUCKETS`` (within the launch path ``M`` takes:
+    the one-launch path ends at ``ONE_LAUNCH_MAX_PAIRS // K`` tokens), so every batch size of a
+    bucket compiles the same variant; any value is correct, the bucket only trades a few masked
+    lanes (count tiles sized for the ceiling) and fewer row-split programs near the bucket's floor.
+    """
+    pairs = max(M * K, 1)
+    one_launch = pairs <= ONE_LAUNCH_MAX_PAIRS
+    m_b = next((b for b in TOKEN_BUCKETS if b >= M), max(M, 1))
+    if one_launch:
+        m_b = max(min(m_b, ONE_LAUNCH_MAX_PAIRS // K), M, 1)
+    split = max(1, min(max(_prev_pow2(max(ROW_SPLIT_PROGRAMS // m_b, 1)), MIN_ROW_SPLIT),
+                       max(g_pad // 16, 1) if quant else max(model_dim // 1024, 1)))
+    g_tile = g_pad // split if quant else 1
+    out = dict(split=split, G_TILE=g_tile, QG=min(g_tile, QUANT_GROUPS))
+    if not one_launch:  # the four-launch path counts nothing itself: fixed counting parameters
+        return dict(out, COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2)
+    pairs_b = m_b * K
+    return dict(out, **_count_params(pairs_b, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs_b), TILE // k_pad)))
 
 
 def _count_params(pairs: int, e_bins: int) -> dict:
