@@ -55,6 +55,7 @@ QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups 
 # variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
 TOKEN_BUCKETS = (4, 16, 64, 256, 1024)
 MAX_EXPERTS = 2048
+MAX_BLOCK = 128  # block sizes 16..128 are a runtime argument; padding is written in tiles of this
 MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
 INT32_LIMIT = 2**31 - 1
@@ -222,7 +223,7 @@ def _sort_quant_kernel(
     buf_ptr, init_ptr, init_stride,
     pre_ptr, tot_ptr, rank_ptr, cs_ptr,
     M, E, D, G,
-    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK, PAD_TILE: tl.constexpr,
     E_BINS: tl.constexpr, COUNT_CHUNK: tl.constexpr, USE_HIST: tl.constexpr, RANK_CHUNK: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr,
     QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr,
@@ -317,17 +318,17 @@ def _sort_quant_kernel(
 
     # the owner of an expert's last pair pads that expert's segment
     fill = (cnt_q + BLOCK - 1) // BLOCK * BLOCK - cnt_q
-    jj = tl.arange(0, BLOCK)
+    jj = tl.arange(0, PAD_TILE)  # fill < BLOCK <= PAD_TILE: the block size is not compiled in
     pad_live = (keep_q & (rank == cnt_q - 1))[:, None] & (jj[None, :] < fill[:, None])
     pad_pos = pos[:, None] + 1 + jj[None, :]
-    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, BLOCK], K << 24, tl.int32) | T, mask=pad_live & mine[:, None])
-    tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, BLOCK], tl.float32), mask=pad_live & mine[:, None])
+    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, PAD_TILE], K << 24, tl.int32) | T, mask=pad_live & mine[:, None])
+    tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, PAD_TILE], tl.float32), mask=pad_live & mine[:, None])
 
     if QUANT:
         if FUSED:
             if T < M:  # padding rows name real row T: AITER quantizes them as zero-weight rows
                 for g in range(g0, tl.minimum(g0 + G_TILE, G)):
-                    tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, BLOCK], tl.uint8),
+                    tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, PAD_TILE], tl.uint8),
                              mask=pad_live)
         if t < T:
             zero_w = keep_q & (wq == 0.0)
@@ -439,7 +440,7 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
         return f"num_experts {num_experts} outside 1..{MAX_EXPERTS}"
     if num_experts < K:
         return f"num_experts {num_experts} < topk {K}"
-    if block_size not in (16, 32, 64, 128):
+    if block_size not in (16, 32, 64, MAX_BLOCK):
         return f"block_size {block_size} not in 16/32/64/128"
     if M >= 1 << 24:
         return f"tokens {M} do not fit the 24-bit token field"
@@ -587,7 +588,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         moe_buf, init, init.stride(0) if init.dim() == 2 else 0,
         pre, tot, ranks, compact,
         M, num_experts, model_dim, G,
-        K=K, K_PAD=k_pad, BLOCK=block_size, E_BINS=e_bins,
+        K=K, K_PAD=k_pad, BLOCK=block_size, PAD_TILE=MAX_BLOCK, E_BINS=e_bins,
         COUNT_CHUNK=batch["COUNT_CHUNK"], USE_HIST=batch["USE_HIST"], RANK_CHUNK=batch["RANK_CHUNK"],
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
