@@ -76,8 +76,9 @@ def compile_variant(module: str, qualname: str, spec_json: str, arch: str) -> di
                            arch=arch, llir=kernel.asm.get("llir", ""))
         return {"ok": True, "seconds": time.perf_counter() - t0, "resources": res, "hash": kernel.hash}
     except Exception as exc:  # a compile failure is a result, reported per variant
-        msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
-        return {"ok": False, "seconds": time.perf_counter() - t0, "error": " | ".join(msg[:3])[:300]}
+        cause = exc.__cause__ or exc
+        msg = [ln.strip() for ln in f"{type(cause).__name__}: {cause}".splitlines() if ln.strip()]
+        return {"ok": False, "seconds": time.perf_counter() - t0, "error": " | ".join(msg)[-400:]}
 
 
 def _worker_init(cache_dir: str) -> None:

@@ -3,8 +3,8 @@
 Why: one row per compiled variant is what a reviewer reads (which kernel, which settings,
 what it costs in registers, spills, scratch, LDS, occupancy); the verdict is what CI reads.
 A variant fails on a compile error, on scratch (VGPR spills or any private segment), on LDS
-over the arch's limit, and on a float-to-integer conversion in its IR (its result differs
-between backends). SGPR spills go to VGPR lanes, not scratch: reported, not failed.
+over the arch's limit, on a float-to-integer conversion in its IR and on a float narrowing
+conversion (their results differ between backends; see resources.py). SGPR spills go to VGPR lanes, not scratch: reported, not failed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 COLUMNS = ("status", "arch", "kernel", "settings", "tokens", "vgpr", "sgpr", "sgpr_spill", "vgpr_spill",
-           "scratch", "lds", "occ", "fp2int", "sec")
+           "scratch", "lds", "occ", "fp2int", "fround", "sec")
 # parameters a row names when they vary (the rest is the same for every variant of the kernel)
 _SKIP = {"num_stages"}
 
@@ -35,6 +35,8 @@ def failures(outcome) -> list[str]:
         why.append(f"LDS {r.lds} B > {r.lds_limit} B")
     if r.fp_to_int:
         why.append(f"{r.fp_to_int} float->int conversions")
+    if r.float_narrowing:
+        why.append(f"{r.float_narrowing} float narrowing conversions (round on the bits: kernels/rounding.py)")
     return why
 
 
@@ -54,7 +56,7 @@ def rows(variants, outcomes) -> list[dict]:
             r = o.resources
             row.update(vgpr=r.vgprs + r.agprs, sgpr=r.sgprs, sgpr_spill=r.sgpr_spills, vgpr_spill=r.vgpr_spills,
                        scratch=r.scratch, lds=f"{r.lds / 1024:.1f}/{r.lds_limit // 1024}K", occ=r.occupancy,
-                       fp2int=r.fp_to_int)
+                       fp2int=r.fp_to_int, fround=r.float_narrowing)
         else:
             row["settings"] = f"{settings}  error: {o.error}"
         out.append(row)

@@ -10,7 +10,10 @@ and the occupancy estimate also applies the LDS bound.
 
 The LLVM IR is scanned for float-to-integer conversions (``fptosi``/``fptoui``): out of
 range they saturate on NVIDIA, wrap in Triton's interpreter and truncate on AMD, so the
-kernels must not contain any (design.md, "Testing without ROCm").
+kernels must not contain any (design.md, "Testing without ROCm"). It is also scanned for
+float narrowing (``fptrunc``, AMD's fp8 conversion intrinsics): f32 -> bf16/fp8 rounding is
+done on the bit pattern in the kernels (``kernels/rounding.py``, the MX quant), because the
+backends' conversions differ (NaN encodings; the interpreter truncates).
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from dataclasses import dataclass
 LDS_PER_CU = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
 MAX_WAVES_PER_SIMD = 8  # CDNA3 / CDNA4
 SIMDS_PER_CU = 4
+
+
+# an fptrunc, or a call of an AMD intrinsic that converts to fp8/bf8/fp4 (not the widening ones)
+_NARROWING = re.compile(r"=\s*fptrunc\b|call\b[^\n]*@llvm\.amdgcn\.cvt\.(?:scalef32\.)?(?:pk|sr)\.(?:fp8|bf8|fp4)\.")
 
 
 @dataclass
@@ -38,6 +45,7 @@ class Resources:
     num_warps: int
     fp_to_int: int  # fptosi/fptoui instructions in the LLVM IR
     bf16_hw_cvt: int  # v_cvt_pk_bf16_f32 in the amdgcn (hardware f32->bf16 rounding)
+    float_narrowing: int  # fptrunc / AMD fp8 conversion intrinsics in the LLVM IR (float rounding)
 
     @property
     def lds_over(self) -> bool:
@@ -72,4 +80,5 @@ def parse_amdgcn(amdgcn: str, *, shared: int, num_warps: int, arch: str, llir: s
         reg_occupancy=reg_occ, occupancy=occupancy(reg_occ, lds, num_warps, limit), num_warps=num_warps,
         fp_to_int=len(re.findall(r"=\s*fpto[su]i\b", llir)),
         bf16_hw_cvt=len(re.findall(r"\bv_cvt_pk_bf16_f32\b", amdgcn)),
+        float_narrowing=len(re.findall(_NARROWING, llir)),
     )
