@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                    help="compile only a subset covering every pair of settings seen together (CI)")
     c.add_argument("--count-only", action="store_true", help="capture and print the variant counts; compile nothing")
     c.add_argument("--max-variants", type=int, default=None, metavar="N",
-                   help="also fail if a configuration launches more than N variants")
+                   help="also fail if a configuration of the patches launches more than N variants")
     c.add_argument("--jobs", type=int, default=None, help="compile processes (default: CPU count)")
     c.add_argument("--json", metavar="FILE", default=None, help="write the rows and counts as JSON")
     c.set_defaults(func=run)
@@ -79,7 +79,7 @@ def capture_all(shapes, archs, include_stand_in=False, tokens=None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import capture, covering, report
+    from . import covering, report, sweep
 
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     bad = [a for a in archs if a not in ARCHS]
@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
                        ("arch", "configuration", "variants")))
     for e in errors:
         print(f"FAIL launcher: {e}")
-    over = {k: n for k, n in counts.items() if args.max_variants is not None and n > args.max_variants}
+    # the stand-in GEMM never runs on AMD: the variant budget is the patches' own configurations'
+    over = {k: n for k, n in counts.items()
+            if args.max_variants is not None and n > args.max_variants and sweep.STAND_IN not in k[1]}
     for (a, c), n in sorted(over.items()):
         print(f"FAIL {a} {c}: {n} variants > --max-variants {args.max_variants}")
     payload = {"counts": [{"arch": a, "configuration": c, "variants": n} for (a, c), n in sorted(counts.items())],

@@ -130,13 +130,14 @@ def token_counts(max_tokens: int, topk: int = 1) -> list[int]:
 
     The launchers derive their constexprs from the token count ``M`` and the pair count
     ``M * topk`` through powers of two, and Triton specializes integer arguments on ``== 1``
-    and ``% 16 == 0``. So: both ends of every interval between the boundaries ``2**j`` and
-    ``ceil(2**j / topk)``, and in each interval one multiple of 16 and one other count.
+    and ``% 16 == 0``. So: both ends of every interval between the boundaries where ``M`` or
+    ``M * topk`` reaches or passes a power of two, and in each interval one multiple of 16 and
+    one other count.
     """
     bounds = {1, max_tokens + 1}
     j = 0
     while 2**j <= max_tokens * max(topk, 1):
-        for b in (2**j, -(-(2**j) // topk), 2**j // topk + 1):
+        for b in (2**j, 2**j + 1, -(-(2**j) // topk), 2**j // topk + 1):  # M >= 2^j, M > 2^j, M*K >= 2^j, M*K > 2^j
             if 1 <= b <= max_tokens + 1:
                 bounds.add(b)
         j += 1

@@ -53,7 +53,7 @@ class Resources:
 
 
 def _field(text: str, name: str, default: int = 0) -> int:
-    m = re.search(rf"^\s*\.{re.escape(name)}:\s+(\d+)", text, re.M)
+    m = re.search(rf"^[\s-]*\.{re.escape(name)}:\s+(\d+)", text, re.M)
     return int(m.group(1)) if m else default
 
 

@@ -21,6 +21,7 @@ from .presets import ModelShape, token_counts
 
 # AITER's dtypes.fp8 on each arch (aiter/utility/dtypes.py at e4048607a5)
 AITER_FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}
+STAND_IN = "stand-in GEMM"  # in the configuration label of the stand-in's GEMM calls
 GEMM_TOKENS = (1, 8, 16, 17, 32, 48, 64, 100, 128, 256, 1000)
 
 
@@ -87,7 +88,7 @@ def stand_in_gemm_calls(shape: ModelShape, arch: str) -> Iterator[Call]:
 
     fp8 = _fp8(arch)
     for n, k in shape.gemm_nk or ((shape.hidden, shape.hidden),):
-        label = f"{shape.name} stand-in GEMM N{n}/K{k} {fp8}".replace("torch.", "")
+        label = f"{shape.name} {STAND_IN} N{n}/K{k} {fp8}".replace("torch.", "")
         for m in GEMM_TOKENS:
             for splits in [s for s in range(1, G.MAX_SPLITS + 1) if G.valid_split(k, s)]:
                 for zero_out in ((True, False) if splits == 1 else (False,)):
