@@ -21,7 +21,7 @@ grows with ``E``.
 
 Variants: every constexpr derived from the batch is chosen for the ceiling of the token count's
 bucket (``TOKEN_BUCKETS``, ``_batch_params``), the token count and the block size are runtime
-arguments (padding is written in ``MAX_BLOCK``-wide masked tiles), so one model configuration
+arguments (padding is written in a loop of ``PAD_STEP``-wide masked tiles), so one model configuration
 compiles a fixed few variants whatever batch sizes and block sizes a server runs.
 
 Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) take four launches, so that no
@@ -80,7 +80,8 @@ QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups 
 # variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
 TOKEN_BUCKETS = (4, 16, 64, 256, 1024)
 MAX_EXPERTS = 2048
-MAX_BLOCK = 128  # block sizes 16..128 are a runtime argument; padding is written in tiles of this
+MAX_BLOCK = 128  # block sizes 16..128 (powers of two) are a runtime argument
+PAD_STEP = 16  # padding is written in [K_PAD, PAD_STEP] tiles, BLOCK // PAD_STEP of them (a runtime loop)
 MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
 INT32_LIMIT = 2**31 - 1
@@ -325,7 +326,7 @@ def _sort_quant_kernel(
     buf_ptr, init_ptr, init_stride,
     pre_ptr, tot_ptr, rank_ptr, cs_ptr,
     M, E, D, G,
-    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK, PAD_TILE: tl.constexpr,
+    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK, PAD_STEP: tl.constexpr,
     E_BINS: tl.constexpr, COUNT_CHUNK: tl.constexpr, USE_HIST: tl.constexpr, RANK_CHUNK: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr,
     QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr,
@@ -439,20 +440,23 @@ def _sort_quant_kernel(
     tl.store(seid_ptr + pos // BLOCK, lid, mask=mine)
 
     # the owner of an expert's last pair pads that expert's segment (fill is 0 for other pairs);
-    # fill < BLOCK <= PAD_TILE, so the block size is not compiled in
-    jj = tl.arange(0, PAD_TILE)
-    pad_live = keep_q[:, None] & (jj[None, :] < fill[:, None])
-    pad_pos = pos[:, None] + 1 + jj[None, :]
+    # fill < BLOCK: BLOCK // PAD_STEP tiles of PAD_STEP columns, so the block size is not compiled in
+    # (one MAX_BLOCK-wide tile spilled SGPRs at 896 experts with an expert mask on gfx950)
     pad_id = (K << 24) | (_token_count_as_given(nlt_ptr, M, HAS_NLT) & 0xFFFFFF)
-    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, PAD_TILE], 0, tl.int32) | pad_id, mask=pad_live & mine[:, None])
-    tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, PAD_TILE], tl.float32), mask=pad_live & mine[:, None])
+    for j0 in range(0, BLOCK, PAD_STEP):
+        jj = j0 + tl.arange(0, PAD_STEP)
+        pad_live = keep_q[:, None] & (jj[None, :] < fill[:, None])
+        pad_pos = pos[:, None] + 1 + jj[None, :]
+        tl.store(sid_ptr + pad_pos, tl.full([K_PAD, PAD_STEP], 0, tl.int32) | pad_id, mask=pad_live & mine[:, None])
+        tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, PAD_STEP], tl.float32), mask=pad_live & mine[:, None])
+        if QUANT:
+            if FUSED:
+                if T < M:  # padding rows name real row T: AITER quantizes them as zero-weight rows
+                    for g in range(g0, tl.minimum(g0 + G_TILE, G)):
+                        tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, PAD_STEP], tl.uint8),
+                                 mask=pad_live)
 
     if QUANT:
-        if FUSED:
-            if T < M:  # padding rows name real row T: AITER quantizes them as zero-weight rows
-                for g in range(g0, tl.minimum(g0 + G_TILE, G)):
-                    tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, PAD_TILE], tl.uint8),
-                             mask=pad_live)
         if t < T:
             zero_w = keep_q & (wq == 0.0)
             n_keep = tl.sum(keep_q.to(tl.int32), 0)
@@ -712,7 +716,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         moe_buf, init, init.stride(0) if init.dim() == 2 else 0,
         pre, tot, ranks, compact,
         M, num_experts, model_dim, G,
-        K=K, K_PAD=k_pad, BLOCK=block_size, PAD_TILE=MAX_BLOCK, E_BINS=e_bins, **batch,
+        K=K, K_PAD=k_pad, BLOCK=block_size, PAD_STEP=PAD_STEP, E_BINS=e_bins, **batch,
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
