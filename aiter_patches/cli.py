@@ -1,4 +1,4 @@
-"""The `aiter-patches` command: status, verify, signatures, drift, run."""
+"""The `aiter-patches` command: status, verify, signatures, drift, run, compile."""
 
 from __future__ import annotations
 
@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true")
     g.set_defaults(func=_cmd_signatures)
 
+    from .amd import command as amd_command  # imports no triton until `compile` runs
+
+    amd_command.add_parser(sub)
     _add_optional_commands(sub)
     return p
 

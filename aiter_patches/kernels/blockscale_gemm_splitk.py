@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from .fast_launch import launch
+from .rounding import f32_to_bf16_rne  # the same bits on every backend (see rounding.py)
 
 SCALE_BLOCK = 128
 FP8_DTYPES = tuple(
@@ -104,7 +105,7 @@ def _blockscale_gemm_kernel(
     if SPLITS == 1:
         if ACCUMULATE:
             acc += tl.load(out_ptrs, mask=m_mask[:, None], other=0.0).to(tl.float32)
-        tl.store(out_ptrs, acc.to(tl.bfloat16), mask=m_mask[:, None])
+        tl.store(out_ptrs, f32_to_bf16_rne(acc), mask=m_mask[:, None])
     else:
         ws_rows = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         split_stride = SPLIT_STRIDE.to(tl.int64)
@@ -120,7 +121,7 @@ def _blockscale_gemm_kernel(
                                  cache_modifier=".cg")
             if ACCUMULATE:
                 total += tl.load(out_ptrs, mask=m_mask[:, None], other=0.0).to(tl.float32)
-            tl.store(out_ptrs, total.to(tl.bfloat16), mask=m_mask[:, None])
+            tl.store(out_ptrs, f32_to_bf16_rne(total), mask=m_mask[:, None])
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 

@@ -9,14 +9,20 @@ before its token, and writes its ``topk`` entries of ``sorted_ids``/``sorted_wei
 e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row and its
 ``moe_buf`` row. No program waits for another.
 
-Decode (at most ``DECODE_MAX_PAIRS`` pairs) costs nothing per expert: each program sorts all
-pairs by ``(expert << bits) | pair`` with ``tl.sort`` (or, up to ``DECODE_COMPARE_MAX_PAIRS``,
-compares every pair with every other) and reads segment starts and last pairs from adjacent
-differences of the sorted experts. Segments start at multiples of the block size, so a pair's
-row is its sorted index plus the padding of the segments before it. Only empty experts would
-need an ``E``-wide pass, and they get no block; the one ``E``-wide step left is the EP local-id
-prefix of ``expert_mask``, done only when a mask is given. Above that, each program counts the
-pairs of every expert bin (one-hot sums or a histogram), which grows with ``E``.
+Decode (a token bucket whose ceiling has at most ``DECODE_MAX_PAIRS`` pairs) costs nothing per
+expert: each program sorts all pairs by ``(expert << bits) | pair`` with ``tl.sort`` (or, up to
+``DECODE_COMPARE_MAX_PAIRS``, compares every pair with every other) and reads segment starts
+and last pairs from adjacent differences of the sorted experts. Segments start at multiples of
+the block size, so a pair's row is its sorted index plus the padding of the segments before it.
+Only empty experts would need an ``E``-wide pass, and they get no block; the one ``E``-wide
+step left is the EP local-id prefix of ``expert_mask``, done only when a mask is given. Above
+that, each program counts the pairs of every expert bin (one-hot sums or a histogram), which
+grows with ``E``.
+
+Variants: every constexpr derived from the batch is chosen for the ceiling of the token count's
+bucket (``TOKEN_BUCKETS``, ``_batch_params``), the token count and the block size are runtime
+arguments (padding is written in a loop of ``PAD_STEP``-wide masked tiles), so one model configuration
+compiles a fixed few variants whatever batch sizes and block sizes a server runs.
 
 Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) take four launches, so that no
 program counts anything: per chunk of tokens, the expert counts and each pair's rank among the
@@ -69,7 +75,13 @@ MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_qu
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
 SCALE_TILE_BYTES = 1024  # bytes of the swizzled scale layout a program writes per step
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
+# Token-count buckets: every constexpr the launch derives from the batch comes from the ceiling of
+# the token count's bucket (``_batch_params``), so one model configuration compiles a fixed few
+# variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
+TOKEN_BUCKETS = (4, 16, 64, 256, 1024)
 MAX_EXPERTS = 2048
+MAX_BLOCK = 128  # block sizes 16..128 (powers of two) are a runtime argument
+PAD_STEP = 16  # padding is written in [K_PAD, PAD_STEP] tiles, BLOCK // PAD_STEP of them (a runtime loop)
 MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
 INT32_LIMIT = 2**31 - 1
@@ -249,7 +261,7 @@ def _max_combine(a, b):
 
 
 @triton.jit
-def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr, E_BINS: tl.constexpr,
+def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS: tl.constexpr,
                     HAS_MASK: tl.constexpr, PP: tl.constexpr, PB: tl.constexpr, CH: tl.constexpr):
     """Sorted positions and segment padding of this token's pairs from a sort of all ``P <= PP``
     pairs by (expert, index): nothing is ``E`` wide. Returns ``(pos, fill, total)``: each pair's
@@ -262,7 +274,8 @@ def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr,
     start = (i == 0) | (tl.gather(es, tl.maximum(i - 1, 0), 0) != es)
     end = (i == PP - 1) | (tl.gather(es, tl.minimum(i + 1, PP - 1), 0) != es)
     run_start = tl.associative_scan(tl.where(start, i, 0), 0, _max_combine)
-    # a segment's padding, (-count) mod BLOCK, sits on its last sorted pair; segments start at
+    # a segment's padding, (-count) mod BLOCK (a runtime power of two: 16..128, checked by
+    # unsupported_reason), sits on its last sorted pair; segments start at
     # multiples of BLOCK, so a pair's row is its sorted index plus the padding of earlier segments
     pad = tl.where(end & (es < E), (run_start - i - 1) & (BLOCK - 1), 0)
     row = i + tl.cumsum(pad, 0) - pad
@@ -279,7 +292,7 @@ def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constexpr,
+def _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK,
                        E_BINS: tl.constexpr, HAS_MASK: tl.constexpr, PP: tl.constexpr,
                        CH: tl.constexpr):
     """As :func:`_decode_by_sort`, by comparing every pair with every other (``PP x PP`` in
@@ -305,7 +318,7 @@ def _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK: tl.constex
     return before + pad_before + rank, fill, tl.sum(keep_all.to(tl.int32), 0) + pad_total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # the token count: one variant for every batch size
 def _sort_quant_kernel(
     ids_ptr, w_ptr, mask_ptr, nlt_ptr,
     sid_ptr, sw_ptr, seid_ptr, nv_ptr,
@@ -313,7 +326,7 @@ def _sort_quant_kernel(
     buf_ptr, init_ptr, init_stride,
     pre_ptr, tot_ptr, rank_ptr, cs_ptr,
     M, E, D, G,
-    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK, PAD_STEP: tl.constexpr,
     E_BINS: tl.constexpr, COUNT_CHUNK: tl.constexpr, USE_HIST: tl.constexpr, RANK_CHUNK: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr,
     QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr,
@@ -426,20 +439,24 @@ def _sort_quant_kernel(
     tl.store(sw_ptr + pos, wq, mask=mine)
     tl.store(seid_ptr + pos // BLOCK, lid, mask=mine)
 
-    # the owner of an expert's last pair pads that expert's segment (fill is 0 for other pairs)
-    jj = tl.arange(0, BLOCK)
-    pad_live = keep_q[:, None] & (jj[None, :] < fill[:, None])
-    pad_pos = pos[:, None] + 1 + jj[None, :]
+    # the owner of an expert's last pair pads that expert's segment (fill is 0 for other pairs);
+    # fill < BLOCK: BLOCK // PAD_STEP tiles of PAD_STEP columns, so the block size is not compiled in
+    # (one MAX_BLOCK-wide tile spilled SGPRs at 896 experts with an expert mask on gfx950)
     pad_id = (K << 24) | (_token_count_as_given(nlt_ptr, M, HAS_NLT) & 0xFFFFFF)
-    tl.store(sid_ptr + pad_pos, tl.full([K_PAD, BLOCK], 0, tl.int32) | pad_id, mask=pad_live & mine[:, None])
-    tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, BLOCK], tl.float32), mask=pad_live & mine[:, None])
+    for j0 in range(0, BLOCK, PAD_STEP):
+        jj = j0 + tl.arange(0, PAD_STEP)
+        pad_live = keep_q[:, None] & (jj[None, :] < fill[:, None])
+        pad_pos = pos[:, None] + 1 + jj[None, :]
+        tl.store(sid_ptr + pad_pos, tl.full([K_PAD, PAD_STEP], 0, tl.int32) | pad_id, mask=pad_live & mine[:, None])
+        tl.store(sw_ptr + pad_pos, tl.zeros([K_PAD, PAD_STEP], tl.float32), mask=pad_live & mine[:, None])
+        if QUANT:
+            if FUSED:
+                if T < M:  # padding rows name real row T: AITER quantizes them as zero-weight rows
+                    for g in range(g0, tl.minimum(g0 + G_TILE, G)):
+                        tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, PAD_STEP], tl.uint8),
+                                 mask=pad_live)
 
     if QUANT:
-        if FUSED:
-            if T < M:  # padding rows name real row T: AITER quantizes them as zero-weight rows
-                for g in range(g0, tl.minimum(g0 + G_TILE, G)):
-                    tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, BLOCK], tl.uint8),
-                             mask=pad_live)
         if t < T:
             zero_w = keep_q & (wq == 0.0)
             n_keep = tl.sum(keep_q.to(tl.int32), 0)
@@ -460,7 +477,7 @@ def _sort_quant_kernel(
                                     FP4, QG)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
                        K: tl.constexpr, E_BINS: tl.constexpr, CHUNK_T: tl.constexpr,
                        PC: tl.constexpr, PC_BITS: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -504,7 +521,7 @@ def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, SNP: tl.constexpr, BY
         tl.store(s_ptr + p.to(tl.int64) * (SNP * 32) + o, val, mask=o < SNP * 32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_chunks"])
 def _chunk_scan_kernel(hist_ptr, pre_ptr, tot_ptr, n_chunks,
                        E_BINS: tl.constexpr, E_TILE: tl.constexpr, C_TILE: tl.constexpr):
     """Exclusive prefix of the chunk histograms over chunks, per expert, and the totals."""
@@ -550,7 +567,7 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
         return f"num_experts {num_experts} outside 1..{MAX_EXPERTS}"
     if num_experts < K:
         return f"num_experts {num_experts} < topk {K}"
-    if block_size not in (16, 32, 64, 128):
+    if block_size not in (16, 32, 64, MAX_BLOCK):
         return f"block_size {block_size} not in 16/32/64/128"
     if M >= 1 << 24:
         return f"tokens {M} do not fit the 24-bit token field"
@@ -690,10 +707,8 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     q_u8 = q_out.view(torch.uint8) if quant is not None else q_out
     s_u8 = s_out.view(torch.uint8) if quant is not None else s_out
     g_pad = _next_pow2(G)
-    split = max(1, min(max(_prev_pow2(max(ROW_SPLIT_PROGRAMS // max(M, 1), 1)), MIN_ROW_SPLIT),
-                       max(g_pad // 16, 1) if quant is not None else max(model_dim // 1024, 1)))
-    g_tile = g_pad // split if quant is not None else 1
-    qg = min(g_tile, QUANT_GROUPS)
+    batch = _batch_params(M, K, e_bins, k_pad, g_pad, quant is not None, model_dim)
+    split, g_tile, qg = batch.pop("split"), batch["G_TILE"], batch["QG"]
     launch(_sort_quant_kernel, (max(M, 1), split),
         topk_ids, topk_weights, mask_arg, nlt_arg,
         sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids,
@@ -701,14 +716,13 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         moe_buf, init, init.stride(0) if init.dim() == 2 else 0,
         pre, tot, ranks, compact,
         M, num_experts, model_dim, G,
-        K=K, K_PAD=k_pad, BLOCK=block_size, E_BINS=e_bins,
-        **_sort_params(pairs, e_bins, k_pad, prescanned),
+        K=K, K_PAD=k_pad, BLOCK=block_size, PAD_STEP=PAD_STEP, E_BINS=e_bins, **batch,
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=-(-(-(-model_dim // split)) // 16) * 16,  # cdiv(cdiv(D, split), 16) * 16 in host ints
-        PRESCANNED=prescanned, CHUNK_T=chunk_t, G_TILE=g_tile, QG=qg, COMPACT_SCALES=compact_scales,
+        PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales,
         num_warps=4 if qg * 32 <= WIDE_ROW_ELEMS else 8,
     )
     if compact_scales:
@@ -717,11 +731,38 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
 
 
+def _bucket_tokens(M: int, K: int) -> int:
+    """The ceiling of ``M``'s bucket in ``TOKEN_BUCKETS``, within the launch path ``M`` takes (the
+    one-launch path ends at ``ONE_LAUNCH_MAX_PAIRS // K`` tokens); never below ``M``."""
+    m_b = next((b for b in TOKEN_BUCKETS if b >= M), max(M, 1))
+    if max(M * K, 1) <= ONE_LAUNCH_MAX_PAIRS:
+        m_b = max(min(m_b, ONE_LAUNCH_MAX_PAIRS // K), M, 1)
+    return m_b
+
+
+def _batch_params(M: int, K: int, e_bins: int, k_pad: int, g_pad: int, quant: bool, model_dim: int) -> dict:
+    """Every launch parameter of ``_sort_quant_kernel`` chosen from the token count, and the grid split.
+
+    Chosen for the ceiling ``m_b`` of ``M``'s bucket (:func:`_bucket_tokens`), so every batch size of
+    a bucket compiles the same variant: the position method and its tiles (:func:`_sort_params`)
+    for ``m_b * K`` pairs, which is at least the real pair count (so ``PAIRS_PAD`` holds every pair).
+    Any value is correct; the bucket only trades a few masked lanes (tiles sized for the ceiling)
+    and fewer row-split programs near the bucket's floor.
+    """
+    m_b = _bucket_tokens(M, K)
+    split = max(1, min(max(_prev_pow2(max(ROW_SPLIT_PROGRAMS // m_b, 1)), MIN_ROW_SPLIT),
+                       max(g_pad // 16, 1) if quant else max(model_dim // 1024, 1)))
+    g_tile = g_pad // split if quant else 1
+    prescanned = max(M * K, 1) > ONE_LAUNCH_MAX_PAIRS
+    return dict(split=split, G_TILE=g_tile, QG=min(g_tile, QUANT_GROUPS),
+                **_sort_params(m_b * K, e_bins, k_pad, prescanned))
+
+
 def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
-    """Constexprs that choose how the sort kernel finds positions: the tables of the launches
-    before it (``prescanned``), the E-independent decode sort or comparison (up to
-    ``DECODE_MAX_PAIRS`` pairs), or the per-program expert count; parameters a path does not
-    read stay fixed, so they never cause a recompile."""
+    """Constexprs that choose how the sort kernel finds positions for up to ``pairs`` pairs (a
+    bucket's ceiling): the tables of the launches before it (``prescanned``), the E-independent
+    decode sort or comparison (up to ``DECODE_MAX_PAIRS`` pairs), or the per-program expert count;
+    parameters a path does not read stay fixed, so they never cause a recompile."""
     decode, pp = 0, 1
     if not prescanned and pairs <= DECODE_MAX_PAIRS:
         pp = max(_next_pow2(pairs), DECODE_MIN_PAIRS_PAD)
@@ -734,12 +775,13 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
 
 
 def decode_path(num_tokens: int, topk: int) -> str:
-    """Which one-launch position method a call of this size takes: "sort", "compare", "count"
-    (per-program expert count over all bins) or "prescanned" (four launches)."""
-    pairs = max(num_tokens * topk, 1)
-    if pairs > ONE_LAUNCH_MAX_PAIRS:
+    """Which one-launch position method a call of this size takes (chosen for its token bucket):
+    "sort", "compare", "count" (per-program expert count over all bins) or "prescanned" (four
+    launches)."""
+    if max(num_tokens * topk, 1) > ONE_LAUNCH_MAX_PAIRS:
         return "prescanned"
-    return ("count", "sort", "compare")[_sort_params(pairs, 2, 1, False)["DECODE"]]
+    pairs_b = _bucket_tokens(num_tokens, topk) * topk
+    return ("count", "sort", "compare")[_sort_params(pairs_b, 2, 1, False)["DECODE"]]
 
 
 def _count_params(pairs: int, e_bins: int) -> dict:
