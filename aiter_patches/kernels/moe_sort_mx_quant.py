@@ -65,8 +65,8 @@ CHUNK_PAIRS = 512
 # Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
 # (padded) pairs, by tl.sort above; 0 turns either off (bench/bench_moe_sort_quant.py compares).
-DECODE_MAX_PAIRS = 1024
-DECODE_COMPARE_MAX_PAIRS = 64
+DECODE_MAX_PAIRS = 256  # H200 (docs/bench/moe_sort_quant_h200.md): the sort beats the count up to 256 pairs
+DECODE_COMPARE_MAX_PAIRS = 0  # the comparison never beat the sort on the H200 (same table): off
 DECODE_MIN_PAIRS_PAD = 16  # fewer variants at tiny batches
 DECODE_TILE = 1024  # elements of a comparison tile (4096 spilled SGPRs on gfx950: bench/amd_spills_sort.py)
 TILE = 8192  # elements of a one-hot counting tile
