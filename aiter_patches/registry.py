@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 # Everything the registry calls is imported here, never inside a call: an import running in one thread
 # when another forks leaves that module locked for good in the child.
-from . import foreign_layers, import_hooks, process_report, runtime
+from . import foreign_layers, import_hooks, process_report, runtime, stats_log
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
@@ -819,15 +819,32 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """Fresh locks: one held by a thread of the parent would be held forever here (that thread is gone)."""
+    """Fresh locks: one held by a thread of the parent would be held forever here (that thread is gone).
+
+    The package's only fork handler: it renews every lock first (the
+    registry's, the import hooks', each patch's counters', the foreign-layer
+    memo's, the stats log's), and only then restarts what runs code that takes
+    them (the import waiters, the stats thread, the child's summary). Handlers
+    registered separately would run in import order, and a waiter restarted
+    before the registry's lock was renewed would block on the old one forever.
+    """
     global _lock
     held, _fork.held = getattr(_fork, "held", False), False
     _lock = threading.RLock()
-    for c in _counters.values():
+    import_hooks.renew_lock_after_fork()
+    foreign_layers.renew_lock_after_fork()
+    for c in list(_counters.values()):
         c.after_fork_in_child()
+    stats_log.after_fork_in_child()  # renews its lock; restarts its thread if the parent had one
     if not held:
         log.warning("aiter_patches: process %d was forked while another thread had been inside the patch registry "
                     "for over %.0f s; this child's patch states may be incomplete", os.getpid(), _FORK_WAIT_S)
+    try:
+        import_hooks.restart_waiters_after_fork()
+    except Exception:  # e.g. no thread can be started: the patch stays pending
+        log.warning("aiter_patches: could not restart the import waiters in process %d", os.getpid(), exc_info=True)
+    if process_report.summary_after_fork:
+        process_report.log_after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -202,3 +202,30 @@ def test_status_from_log_skips_odd_shaped_records_and_counts_them(tmp_path, shap
         assert "skipped 2 status record(s) of an unexpected shape" in proc.stderr
         assert "process 41 " in proc.stdout or '"pid": 41' in proc.stdout
         assert "42" not in proc.stdout
+
+
+STATS_MARKER = "aiter_patches stats: "
+GARBAGE = {
+    "stats foreign_layers a number": f'{STATS_MARKER}{{"pid":41,"patch":"p","fast":1,"foreign_layers":7}}',
+    "stats fallback a list": f'{STATS_MARKER}{{"pid":41,"patch":"p","fast":1,"fallback":[1]}}',
+    "stats fast a string": f'{STATS_MARKER}{{"pid":41,"patch":"p","fast":"9"}}',
+    "status nested too deep": process_report.MARKER + "[" * 200000,
+    "stats nested too deep": STATS_MARKER + "[" * 200000,
+}
+
+
+@pytest.mark.parametrize("garbage", GARBAGE, ids=list(GARBAGE))
+def test_status_from_log_skips_garbage_records_and_counts_them_in_one_warning(tmp_path, garbage):
+    good = {"pid": 41, "patches": [{"name": "p", "state": "applied"}], "via": ["run"]}
+    good_stats = f'{STATS_MARKER}{{"pid":43,"patch":"p","fast":5}}'
+    path = tmp_path / "server.log"
+    path.write_text(f"INFO {process_report.MARKER}{json.dumps(good)}\nINFO {good_stats}\nINFO {GARBAGE[garbage]}\n")
+    for args in ((str(path),), (str(path), "--json")):
+        proc = _status_from_log(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+        warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning:")]
+        kind = garbage.split()[0]
+        assert warnings == [f"warning: skipped 1 {kind} record(s) of an unexpected shape in {path}"]
+        assert "process 41 " in proc.stdout or '"pid": 41' in proc.stdout
+        assert "5 fast-path hits" in proc.stdout or '"fast": 5' in proc.stdout
