@@ -9,6 +9,8 @@ same target in declared order, idempotent, thread-safe, and exactly revertible.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import logging
 import os
 import sys
@@ -257,12 +259,14 @@ def _installed(package: str) -> bool:
     """Whether ``package`` can be imported here (a patch on a server's code is inactive where it is not)."""
     if package in sys.modules:
         return True
-    import importlib.util
-
     try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
+        spec = importlib.util.find_spec(package)
+    except Exception as exc:  # a third party's finder may raise anything: apply() never does outside strict mode
+        log.debug("aiter_patches: looking for %s raised %s: %s; taken as not installed", package,
+                  type(exc).__name__, exc)
         return False
+    # a bare directory of that name on sys.path is a namespace package (no origin): not the server's package
+    return spec is not None and spec.origin is not None
 
 
 def _target_modules(p: Patch) -> list[str]:
@@ -609,8 +613,15 @@ def _disarm(layer: _Layer) -> list[str]:
         try:
             if type(fn) is not types.FunctionType:
                 raise TypeError(f"a {type(fn).__name__}, not a function")
-            fn.__code__ = _passthrough_code(len(fn.__closure__ or ()))
-            fn.__kwdefaults__ = {_PASSTHROUGH_ARG: over}
+            code = _passthrough_code(len(fn.__closure__ or ()))
+            # the defaults first: a call between the two assignments must find its keyword default (free-threaded builds)
+            kwdefaults = fn.__kwdefaults__
+            fn.__kwdefaults__ = {**(kwdefaults or {}), _PASSTHROUGH_ARG: over}
+            try:
+                fn.__code__ = code
+            except BaseException:
+                fn.__kwdefaults__ = kwdefaults
+                raise
             fn.__aiter_patches_reverted__ = fn.__dict__.pop("__aiter_patches__", layer.patch.name)
         except Exception as exc:
             failed.append(f"{getattr(fn, '__qualname__', fn)!s}: {exc}")
@@ -707,10 +718,8 @@ def _aiter_info() -> dict[str, Any]:
         info["stand_in"] = bool(getattr(mod, "IS_AITER_PATCHES_STAND_IN", False))
     if info["version"] is None:
         try:
-            from importlib.metadata import PackageNotFoundError, version
-
-            info["version"] = version("amd-aiter")
-        except (PackageNotFoundError, ValueError):
+            info["version"] = importlib.metadata.version("amd-aiter")
+        except (importlib.metadata.PackageNotFoundError, ValueError):
             pass
     return info
 
