@@ -73,6 +73,9 @@ class Patch:
     requires: str | None = None
     # a further gate after a target's pin matched (e.g. a source hash): a reason skips the patch
     precheck: Callable[[Target, Callable], str | None] | None = None
+    # after every binding of the patch is committed (under the registry lock): (site, original) per target.
+    # What it changes must be undoable by revert (e.g. through ``unwrap_foreign(..., owner=name)``); it may not raise.
+    after_apply: Callable[[list[tuple["Site", Callable]]], None] | None = None
 
 
 @dataclass
@@ -118,6 +121,8 @@ _patches: dict[str, Patch] = {}
 _states: dict[str, _State] = {}
 _counters: dict[str, PatchCounters] = {}
 _chains: dict[tuple[str, str], _Chain] = {}
+# owner patch -> (module, name, the foreign wrapper unwrap_foreign took off there, what it put there, AITER's object)
+_unwrapped: dict[str, list[tuple[str, str, Callable, Callable, Callable]]] = {}
 _watches: dict[str, list[import_hooks.Watch]] = {}  # module name -> what waits for it, while a patch is pending on it
 _builtins_loaded = False
 
@@ -419,6 +424,13 @@ def _try_apply(p: Patch) -> None:
     st.state, st.reason, st.targets = APPLIED, "", records
     pins = ", ".join(f"{r['location']} @ {r['pin']}" for r in records)
     log.info("aiter_patches: applied '%s' (%s) to %s", p.name, p.summary, pins)
+    if p.after_apply is not None:
+        sites = [(l.site, c.original) for t, _, _ in found for c in [_chains[(t.module, t.attr)]]
+                 for l in c.layers if l.patch.name == p.name]
+        try:
+            p.after_apply(sites)
+        except Exception:  # the patch is applied; its follow-up step failed and says so
+            log.warning("aiter_patches: the step after applying '%s' raised", p.name, exc_info=True)
 
 
 def _install(p: Patch, found: list[tuple[Target, Callable, Pin]], records: list[dict[str, Any]]) -> str | None:
@@ -659,6 +671,7 @@ def _revert_one(name: str) -> None:
     _unwatch_unused()
     if was != APPLIED:
         return
+    _rewrap_foreign(name)
     casualties: list[str] = []
     for chain in list(_chains.values()):
         mine = [l for l in chain.layers if l.patch.name == name]
@@ -779,12 +792,14 @@ def counters(name: str) -> PatchCounters:
     return _counters[name]
 
 
-def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> list[str]:
+def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool], *, owner: str | None = None) -> list[str]:
     """Take foreign wrappers that sit directly over our chain off its bindings, by identity only.
 
     A binding is restored to our outermost wrapper only when it holds a Python
     function ``is_layer`` accepts whose ``__wrapped__`` is exactly that wrapper.
-    Returns the locations restored.
+    Returns the locations restored. With ``owner`` (an applied patch), reverting
+    that patch puts each foreign wrapper back where it was taken off, if that
+    location still holds what was put there (or AITER's object, its chain reverted).
     """
     with _lock:
         chain = _chains.get((module, attr))
@@ -807,7 +822,23 @@ def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> l
                     d[k] = chain.current
                     chain.locations.add((mod_name, k))
                     restored.append(f"{mod_name}.{k}")
+                    if owner is not None:
+                        _unwrapped.setdefault(owner, []).append((mod_name, k, v, chain.current, chain.original))
         return sorted(restored)
+
+
+def _rewrap_foreign(owner: str) -> None:
+    """Revert of ``owner``: the foreign wrappers it took off go back where they were, if nothing else moved in."""
+    for mod_name, k, foreign, put, original in reversed(_unwrapped.pop(owner, [])):
+        d = import_hooks.module_dict(sys.modules.get(mod_name))
+        if d is None:
+            continue
+        held = d.get(k, _MISSING)
+        if held is put or held is original:
+            d[k] = foreign
+        else:
+            log.warning("aiter_patches: reverting '%s': %s.%s changed since its foreign wrapper was taken off; "
+                        "left as it is", owner, mod_name, k)
 
 
 # ---------------------------------------------------------------- fork
