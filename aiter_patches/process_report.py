@@ -159,13 +159,18 @@ def _cut(text: Any, n: int) -> Any:
 
 
 def _condense(record: dict[str, Any], step: int) -> dict[str, Any]:
-    """Ever shorter versions of a record: fewer aliases, shorter reasons, no targets, shorter names."""
+    """Ever shorter versions of a record: fewer aliases and foreign layers, shorter reasons, no targets, shorter names."""
     keep_aliases = (2, 0, 0, 0)[step - 1]
+    keep_foreign = (4, 1, 0, 0)[step - 1]
     reason_len = (240, 240, 120, 60)[step - 1]
     out = dict(record, condensed=True)
     out["patches"] = []
     for p in record["patches"]:
         q = dict(p, reason=_cut(p.get("reason", ""), reason_len))
+        foreign = p.get("foreign_layers") or []
+        if len(foreign) > keep_foreign:
+            q["foreign_layers"] = [_cut(f, 200) for f in foreign[:keep_foreign]]
+            q["foreign_layers_more"] = len(foreign) - keep_foreign + p.get("foreign_layers_more", 0)
         if step >= 3:
             q.pop("targets", None)
         else:
@@ -229,8 +234,19 @@ def summary_line(record: dict[str, Any]) -> str:
         parts.append(text)
     body = "; ".join(parts) or "no patch requested"
     foreign = _foreign(record)
-    if foreign:
-        body += f"; foreign layers: {'; '.join(foreign)}"
+    foreign_more = sum(p.get("foreign_layers_more", 0) for p in record.get("patches", [])
+                       if p["state"] == "applied" and isinstance(p.get("foreign_layers_more", 0), int))
+    if foreign or foreign_more:
+        shown = list(foreign)
+        half = LINE_LIMIT // 2  # the rest is left for the aliases
+
+        def text(shown: list[str]) -> str:
+            more = len(foreign) - len(shown) + foreign_more
+            return "; foreign layers: " + " ".join(filter(None, ["; ".join(shown), f"(+{more} more)" if more else ""]))
+
+        while shown and len(f"aiter_patches: {who}: {body}{text(shown)}".encode()) > half:
+            shown.pop()
+        body += text(shown)
     aliases = _aliases(record)
     head = f"aiter_patches: {who}: {body}"
     if aliases:
