@@ -35,6 +35,12 @@ _memo: dict[int, tuple[Any, str]] = {}  # id(obj) -> (obj, description) for the 
 _memo_lock = threading.Lock()
 
 
+def renew_lock_after_fork() -> None:
+    """A fresh memo lock in a forked child (a parent thread may have been inside the memo). Called by the registry."""
+    global _memo_lock
+    _memo_lock = threading.Lock()
+
+
 @dataclass(frozen=True)
 class Layer:
     position: str  # outer | inner | replaced

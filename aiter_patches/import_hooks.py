@@ -20,7 +20,9 @@ changes:
   its deferred execution calls back.
 
 The state is guarded by one plain lock, never held while calling out, and
-replaced in a forked child (a thread of the parent may have held it).
+replaced in a forked child (a thread of the parent may have held it) by the
+registry's single fork handler, which restarts the waiter threads only after
+every lock of the package is fresh.
 """
 
 from __future__ import annotations
@@ -257,14 +259,15 @@ def _wait(w: Watch) -> None:
         log.debug("aiter_patches: a call-back after the import of %s raised", w.name, exc_info=True)
 
 
-def _after_fork_in_child() -> None:
-    """A fresh lock (a parent thread may have held this one); the helper threads did not survive the fork: restart them."""
+def renew_lock_after_fork() -> None:
+    """A fresh lock in a forked child (a parent thread may have held this one). Called by the registry's fork handler."""
     global _lock
     _lock = threading.Lock()
+
+
+def restart_waiters_after_fork() -> None:
+    """The helper threads did not survive the fork: restart them. Called by the registry's fork handler once every
+    lock of the package is fresh (a waiter that finds its module ready calls into the registry at once)."""
     for w in list(_waiters):
         if w.active:
             _start_waiter(w)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -75,11 +75,14 @@ def log_if_changed() -> None:
         log.debug("aiter_patches: could not write the process summary", exc_info=True)
 
 
+summary_after_fork = False  # set by bootstrap.start(): a forked child writes its own summary
+
+
 def log_after_fork() -> None:
     """In a forked child that inherited applied or pending patches: its own summary (its pid differs).
 
-    The registry's own fork handler, registered before this one, has already
-    given the child fresh locks, so this never waits on a thread of the parent.
+    Called by the registry's single fork handler, last: every lock of the
+    package is fresh by then, so this never waits on a thread of the parent.
     """
     from . import registry
 
@@ -156,13 +159,18 @@ def _cut(text: Any, n: int) -> Any:
 
 
 def _condense(record: dict[str, Any], step: int) -> dict[str, Any]:
-    """Ever shorter versions of a record: fewer aliases, shorter reasons, no targets, shorter names."""
+    """Ever shorter versions of a record: fewer aliases and foreign layers, shorter reasons, no targets, shorter names."""
     keep_aliases = (2, 0, 0, 0)[step - 1]
+    keep_foreign = (4, 1, 0, 0)[step - 1]
     reason_len = (240, 240, 120, 60)[step - 1]
     out = dict(record, condensed=True)
     out["patches"] = []
     for p in record["patches"]:
         q = dict(p, reason=_cut(p.get("reason", ""), reason_len))
+        foreign = p.get("foreign_layers") or []
+        if len(foreign) > keep_foreign:
+            q["foreign_layers"] = [_cut(f, 200) for f in foreign[:keep_foreign]]
+            q["foreign_layers_more"] = len(foreign) - keep_foreign + p.get("foreign_layers_more", 0)
         if step >= 3:
             q.pop("targets", None)
         else:
@@ -226,8 +234,19 @@ def summary_line(record: dict[str, Any]) -> str:
         parts.append(text)
     body = "; ".join(parts) or "no patch requested"
     foreign = _foreign(record)
-    if foreign:
-        body += f"; foreign layers: {'; '.join(foreign)}"
+    foreign_more = sum(p.get("foreign_layers_more", 0) for p in record.get("patches", [])
+                       if p["state"] == "applied" and isinstance(p.get("foreign_layers_more", 0), int))
+    if foreign or foreign_more:
+        shown = list(foreign)
+        half = LINE_LIMIT // 2  # the rest is left for the aliases
+
+        def text(shown: list[str]) -> str:
+            more = len(foreign) - len(shown) + foreign_more
+            return "; foreign layers: " + " ".join(filter(None, ["; ".join(shown), f"(+{more} more)" if more else ""]))
+
+        while shown and len(f"aiter_patches: {who}: {body}{text(shown)}".encode()) > half:
+            shown.pop()
+        body += text(shown)
     aliases = _aliases(record)
     head = f"aiter_patches: {who}: {body}"
     if aliases:
@@ -282,7 +301,8 @@ def scan_log(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
     The marker may follow any prefix a server's log format adds, and may occur
     several times on one line (a process's line cut short, then another's
     whole line): every occurrence is read on its own. Text that does not
-    parse is ignored (a log can be cut mid-line).
+    parse is ignored (a log can be cut mid-line); JSON nested too deep to
+    decode is skipped and counted like a record of an unexpected shape.
     """
     decoder = json.JSONDecoder()
     latest: dict[int, dict[str, Any]] = {}
@@ -297,6 +317,9 @@ def scan_log(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
             try:
                 record, end = decoder.raw_decode(line, at + len(MARKER))
             except ValueError:
+                continue
+            except RecursionError:  # nested deeper than the decoder can go: garbage, counted
+                odd += 1
                 continue
             if i + 1 < len(starts) and end > starts[i + 1]:
                 continue  # a cut record whose last string ran on into the next record's text
@@ -332,9 +355,11 @@ def print_log_status(path: str, *, as_json: bool) -> int:
         if stream is not sys.stdin:
             stream.close()
     records, odd = scan_log(lines)
-    if odd:
-        print(f"warning: skipped {odd} status record(s) of an unexpected shape in {path}", file=sys.stderr)
-    sums = stats_log.summed(stats_log.read_stats(lines))
+    stats_records, odd_stats = stats_log.scan_stats(lines)
+    if odd or odd_stats:
+        what = [f"{n} {kind} record(s)" for n, kind in ((odd, "status"), (odd_stats, "stats")) if n]
+        print(f"warning: skipped {' and '.join(what)} of an unexpected shape in {path}", file=sys.stderr)
+    sums = stats_log.summed(stats_records)
     if not records:
         print(f"no '{MARKER.strip()}' lines in {path}", file=sys.stderr)
         return 1

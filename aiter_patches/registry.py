@@ -9,6 +9,8 @@ same target in declared order, idempotent, thread-safe, and exactly revertible.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import logging
 import os
 import sys
@@ -20,7 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 # Everything the registry calls is imported here, never inside a call: an import running in one thread
 # when another forks leaves that module locked for good in the child.
-from . import foreign_layers, import_hooks, process_report, runtime
+from . import foreign_layers, import_hooks, process_report, runtime, stats_log
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
@@ -71,6 +73,9 @@ class Patch:
     requires: str | None = None
     # a further gate after a target's pin matched (e.g. a source hash): a reason skips the patch
     precheck: Callable[[Target, Callable], str | None] | None = None
+    # after every binding of the patch is committed (under the registry lock): (site, original) per target.
+    # What it changes must be undoable by revert (e.g. through ``unwrap_foreign(..., owner=name)``); it may not raise.
+    after_apply: Callable[[list[tuple["Site", Callable]]], None] | None = None
 
 
 @dataclass
@@ -116,6 +121,8 @@ _patches: dict[str, Patch] = {}
 _states: dict[str, _State] = {}
 _counters: dict[str, PatchCounters] = {}
 _chains: dict[tuple[str, str], _Chain] = {}
+# owner patch -> (module, name, the foreign wrapper unwrap_foreign took off there, what it put there, AITER's object)
+_unwrapped: dict[str, list[tuple[str, str, Callable, Callable, Callable]]] = {}
 _watches: dict[str, list[import_hooks.Watch]] = {}  # module name -> what waits for it, while a patch is pending on it
 _builtins_loaded = False
 
@@ -257,12 +264,14 @@ def _installed(package: str) -> bool:
     """Whether ``package`` can be imported here (a patch on a server's code is inactive where it is not)."""
     if package in sys.modules:
         return True
-    import importlib.util
-
     try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
+        spec = importlib.util.find_spec(package)
+    except Exception as exc:  # a third party's finder may raise anything: apply() never does outside strict mode
+        log.debug("aiter_patches: looking for %s raised %s: %s; taken as not installed", package,
+                  type(exc).__name__, exc)
         return False
+    # a bare directory of that name on sys.path is a namespace package (no origin): not the server's package
+    return spec is not None and spec.origin is not None
 
 
 def _target_modules(p: Patch) -> list[str]:
@@ -415,6 +424,13 @@ def _try_apply(p: Patch) -> None:
     st.state, st.reason, st.targets = APPLIED, "", records
     pins = ", ".join(f"{r['location']} @ {r['pin']}" for r in records)
     log.info("aiter_patches: applied '%s' (%s) to %s", p.name, p.summary, pins)
+    if p.after_apply is not None:
+        sites = [(l.site, c.original) for t, _, _ in found for c in [_chains[(t.module, t.attr)]]
+                 for l in c.layers if l.patch.name == p.name]
+        try:
+            p.after_apply(sites)
+        except Exception:  # the patch is applied; its follow-up step failed and says so
+            log.warning("aiter_patches: the step after applying '%s' raised", p.name, exc_info=True)
 
 
 def _install(p: Patch, found: list[tuple[Target, Callable, Pin]], records: list[dict[str, Any]]) -> str | None:
@@ -609,8 +625,15 @@ def _disarm(layer: _Layer) -> list[str]:
         try:
             if type(fn) is not types.FunctionType:
                 raise TypeError(f"a {type(fn).__name__}, not a function")
-            fn.__code__ = _passthrough_code(len(fn.__closure__ or ()))
-            fn.__kwdefaults__ = {_PASSTHROUGH_ARG: over}
+            code = _passthrough_code(len(fn.__closure__ or ()))
+            # the defaults first: a call between the two assignments must find its keyword default (free-threaded builds)
+            kwdefaults = fn.__kwdefaults__
+            fn.__kwdefaults__ = {**(kwdefaults or {}), _PASSTHROUGH_ARG: over}
+            try:
+                fn.__code__ = code
+            except BaseException:
+                fn.__kwdefaults__ = kwdefaults
+                raise
             fn.__aiter_patches_reverted__ = fn.__dict__.pop("__aiter_patches__", layer.patch.name)
         except Exception as exc:
             failed.append(f"{getattr(fn, '__qualname__', fn)!s}: {exc}")
@@ -648,6 +671,7 @@ def _revert_one(name: str) -> None:
     _unwatch_unused()
     if was != APPLIED:
         return
+    _rewrap_foreign(name)
     casualties: list[str] = []
     for chain in list(_chains.values()):
         mine = [l for l in chain.layers if l.patch.name == name]
@@ -707,10 +731,8 @@ def _aiter_info() -> dict[str, Any]:
         info["stand_in"] = bool(getattr(mod, "IS_AITER_PATCHES_STAND_IN", False))
     if info["version"] is None:
         try:
-            from importlib.metadata import PackageNotFoundError, version
-
-            info["version"] = version("amd-aiter")
-        except (PackageNotFoundError, ValueError):
+            info["version"] = importlib.metadata.version("amd-aiter")
+        except (importlib.metadata.PackageNotFoundError, ValueError):
             pass
     return info
 
@@ -770,12 +792,14 @@ def counters(name: str) -> PatchCounters:
     return _counters[name]
 
 
-def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> list[str]:
+def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool], *, owner: str | None = None) -> list[str]:
     """Take foreign wrappers that sit directly over our chain off its bindings, by identity only.
 
     A binding is restored to our outermost wrapper only when it holds a Python
     function ``is_layer`` accepts whose ``__wrapped__`` is exactly that wrapper.
-    Returns the locations restored.
+    Returns the locations restored. With ``owner`` (an applied patch), reverting
+    that patch puts each foreign wrapper back where it was taken off, if that
+    location still holds what was put there (or AITER's object, its chain reverted).
     """
     with _lock:
         chain = _chains.get((module, attr))
@@ -798,7 +822,23 @@ def unwrap_foreign(module: str, attr: str, is_layer: Callable[[Any], bool]) -> l
                     d[k] = chain.current
                     chain.locations.add((mod_name, k))
                     restored.append(f"{mod_name}.{k}")
+                    if owner is not None:
+                        _unwrapped.setdefault(owner, []).append((mod_name, k, v, chain.current, chain.original))
         return sorted(restored)
+
+
+def _rewrap_foreign(owner: str) -> None:
+    """Revert of ``owner``: the foreign wrappers it took off go back where they were, if nothing else moved in."""
+    for mod_name, k, foreign, put, original in reversed(_unwrapped.pop(owner, [])):
+        d = import_hooks.module_dict(sys.modules.get(mod_name))
+        if d is None:
+            continue
+        held = d.get(k, _MISSING)
+        if held is put or held is original:
+            d[k] = foreign
+        else:
+            log.warning("aiter_patches: reverting '%s': %s.%s changed since its foreign wrapper was taken off; "
+                        "left as it is", owner, mod_name, k)
 
 
 # ---------------------------------------------------------------- fork
@@ -819,15 +859,32 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """Fresh locks: one held by a thread of the parent would be held forever here (that thread is gone)."""
+    """Fresh locks: one held by a thread of the parent would be held forever here (that thread is gone).
+
+    The package's only fork handler: it renews every lock first (the
+    registry's, the import hooks', each patch's counters', the foreign-layer
+    memo's, the stats log's), and only then restarts what runs code that takes
+    them (the import waiters, the stats thread, the child's summary). Handlers
+    registered separately would run in import order, and a waiter restarted
+    before the registry's lock was renewed would block on the old one forever.
+    """
     global _lock
     held, _fork.held = getattr(_fork, "held", False), False
     _lock = threading.RLock()
-    for c in _counters.values():
+    import_hooks.renew_lock_after_fork()
+    foreign_layers.renew_lock_after_fork()
+    for c in list(_counters.values()):
         c.after_fork_in_child()
+    stats_log.after_fork_in_child()  # renews its lock; restarts its thread if the parent had one
     if not held:
         log.warning("aiter_patches: process %d was forked while another thread had been inside the patch registry "
                     "for over %.0f s; this child's patch states may be incomplete", os.getpid(), _FORK_WAIT_S)
+    try:
+        import_hooks.restart_waiters_after_fork()
+    except Exception:  # e.g. no thread can be started: the patch stays pending
+        log.warning("aiter_patches: could not restart the import waiters in process %d", os.getpid(), exc_info=True)
+    if process_report.summary_after_fork:
+        process_report.log_after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -39,7 +39,7 @@ _MAX_FOREIGN = 400
 
 _lock = threading.Lock()
 _started_pid: int | None = None
-_fork_hook = False
+_atexit_registered = False  # once per process lifetime: a forked child inherits the entry, _at_exit checks the pid
 _thread: threading.Thread | None = None
 _stop: threading.Event | None = None
 _baseline: dict[str, dict[str, Any]] = {}  # counts inherited through fork, per patch
@@ -58,15 +58,14 @@ def interval() -> float | None:
 
 def ensure_started() -> None:
     """Once per process, after a patch applied: register the exit line and start the interval thread."""
-    global _started_pid, _fork_hook
+    global _started_pid, _atexit_registered
     with _lock:
         if _started_pid == os.getpid():
             return
         _started_pid = os.getpid()
-        atexit.register(_at_exit)
-        if not _fork_hook and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-            _fork_hook = True
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
         _start_thread()
 
 
@@ -96,14 +95,19 @@ def stop_thread() -> None:
     _thread, _stop = None, None
 
 
-def _after_fork_in_child() -> None:
-    """The parent's thread is gone; its counts are not this process's. Never blocks (no lock taken)."""
+def after_fork_in_child() -> None:
+    """The parent's thread is gone; its counts are not this process's. Never blocks (no lock taken).
+
+    Called by the registry's single fork handler, after it renewed every lock of
+    the package and before the child's summary (whose ``ensure_started`` then
+    finds this process started: one thread, one exit line).
+    """
     global _thread, _stop, _lock, _started_pid
     _lock = threading.Lock()
     _thread, _stop = None, None
     _last.clear()
     try:
-        from . import registry  # its own fork handler has already given the child fresh locks
+        from . import registry
 
         _baseline.clear()
         for name, c in list(registry._counters.items()):  # the child has one thread: plain reads are safe
@@ -198,14 +202,33 @@ def log_stats(at: str) -> None:
 
 # ---------------------------------------------------------------- reading a log back
 
-def read_stats(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The latest stats record of each (pid, patch) in a log; text that does not parse is ignored.
+def _counts(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool)
+                                       for k, n in v.items())
+
+
+def _well_shaped(rec: dict[str, Any]) -> bool:
+    """The fields ``summed`` reads have the types a stats line writes (each optional)."""
+    fast = rec.get("fast", 0)
+    if not isinstance(fast, int) or isinstance(fast, bool):
+        return False
+    if not all(_counts(rec.get(k, {})) for k in ("fallback", "errors", "fallback_more", "errors_more")):
+        return False
+    foreign = rec.get("foreign_layers", [])
+    return isinstance(foreign, list) and all(isinstance(f, str) for f in foreign)
+
+
+def scan_stats(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
+    """The latest stats record of each (pid, patch) in a log, and how many were skipped for an unexpected shape.
 
     Like the status reader, every marker on a line is read on its own: a line cut
-    short can run on into another process's whole line.
+    short can run on into another process's whole line. Text that does not parse
+    is ignored; JSON nested too deep to decode, or a record whose fields have
+    the wrong types, is skipped and counted.
     """
     decoder = json.JSONDecoder()
     latest: dict[tuple[int, str], dict[str, Any]] = {}
+    odd = 0
     for text in lines:
         at = text.find(MARKER)
         while at >= 0:
@@ -214,11 +237,23 @@ def read_stats(lines: Iterable[str]) -> list[dict[str, Any]]:
                 rec, end = decoder.raw_decode(text, at + len(MARKER))
             except ValueError:
                 rec, end = None, at
-            if (nxt < 0 or end <= nxt) and isinstance(rec, dict) and isinstance(rec.get("pid"), int) \
+            except RecursionError:
+                rec, end = None, at
+                odd += 1
+            pid = rec.get("pid") if isinstance(rec, dict) else None
+            if (nxt < 0 or end <= nxt) and isinstance(pid, int) and not isinstance(pid, bool) \
                     and isinstance(rec.get("patch"), str):
-                latest[(rec["pid"], rec["patch"])] = rec
+                if _well_shaped(rec):
+                    latest[(pid, rec["patch"])] = rec
+                else:
+                    odd += 1
             at = nxt
-    return list(latest.values())
+    return list(latest.values()), odd
+
+
+def read_stats(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The latest stats record of each (pid, patch) in a log (see ``scan_stats``)."""
+    return scan_stats(lines)[0]
 
 
 def _add(into: dict[str, int], more: Any) -> None:
@@ -242,7 +277,8 @@ def summed(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             if isinstance(rec.get(key), dict):
                 s.setdefault(key, {"reasons": 0, "calls": 0})
                 _add(s[key], rec[key])
-        for f in rec.get("foreign_layers") or []:
+        foreign = rec.get("foreign_layers")
+        for f in foreign if isinstance(foreign, list) else []:
             if isinstance(f, str) and f not in s["foreign_layers"]:
                 s["foreign_layers"].append(f)
     return out

@@ -58,8 +58,8 @@ def start(via: str) -> None:
 
         process_report.note_start(via)
         registry.apply()
-        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=process_report.log_after_fork)
+        if not _fork_hook_registered:  # the registry's fork handler writes it, after renewing every lock
+            process_report.summary_after_fork = True
             _fork_hook_registered = True
     except Exception as exc:
         log.error("aiter_patches: could not apply the patches in process %d (via %s); it runs unpatched: %s: %s",

@@ -36,6 +36,7 @@ import types
 from typing import Any
 
 from .. import foreign_layers
+from ..drift import source_hash
 from ..registry import APPLIED, PENDING, Patch, Target
 from . import moe_call, pins, relied_on
 
@@ -93,8 +94,6 @@ def is_sglang_wrapper(obj: Any) -> bool:
 
 def _source_reason(target: Target, original: Any) -> str | None:
     """Apply-time gate: the source of SGLang's function hashes to the relied-on pin."""
-    from ..drift import source_hash
-
     fn = getattr(original, "__wrapped__", original)  # under functools.cache
     pin = relied_on.SGLANG_APPLY_SMALL_MOE_SORT_PATCH
     try:
@@ -140,31 +139,32 @@ def _log_once() -> None:
         )
 
 
-def _after_earlier_run(inner: Any, site: Any) -> None:
-    """SGLang's patch ran before the take-over: take its layers over ours off by identity, report the rest."""
+def _after_earlier_run(sites: list[tuple[Any, Any]]) -> None:
+    """After the take-over is committed, if SGLang's patch ran before it: take its layers over ours off by identity
+    (put back when the take-over is reverted), report the rest."""
     from .. import registry
 
-    info = getattr(inner, "cache_info", None)
-    try:
-        ran = info is not None and info().currsize > 0
-    except Exception:
-        ran = False
-    if not ran:
-        return
-    restored = []
-    for attr, _ in WRAPPERS.values():
-        restored += registry.unwrap_foreign(AITER_MODULE, attr, is_sglang_wrapper)
-    if restored:
-        text = f"SGLang's patch ran before the take-over; its wrappers over ours were taken off at {', '.join(restored)}"
-    else:
-        text = "SGLang's patch ran before the take-over; its wrappers stay where they are (status names them)"
-    site.counters.fallback(text)
-    log.info("aiter_patches: %s: %s", NAME, text)
+    for site, inner in sites:
+        info = getattr(inner, "cache_info", None)
+        try:
+            ran = info is not None and info().currsize > 0
+        except Exception:
+            ran = False
+        if not ran:
+            continue
+        restored = []
+        for attr, _ in WRAPPERS.values():
+            restored += registry.unwrap_foreign(AITER_MODULE, attr, is_sglang_wrapper, owner=NAME)
+        if restored:
+            text = ("SGLang's patch ran before the take-over; its wrappers over ours were taken off at "
+                    f"{', '.join(restored)}")
+        else:
+            text = "SGLang's patch ran before the take-over; its wrappers stay where they are (status names them)"
+        site.counters.fallback(text)
+        log.info("aiter_patches: %s: %s", NAME, text)
 
 
 def _takeover_wrapper(inner, site):
-    _after_earlier_run(inner, site)
-
     def apply_aiter_small_moe_sort_patch(*args, **kwargs):
         if not _on_gfx95():
             site.counters.fallback("not gfx95: SGLang's patch installs nothing here")
@@ -193,6 +193,7 @@ PATCH = Patch(
     relies_on=relied_on.SGLANG_TAKEOVER,
     requires="sglang",
     precheck=_source_reason,
+    after_apply=_after_earlier_run,
 )
 
 
@@ -204,7 +205,6 @@ def check_source(text: str, where: str = SGLANG_MODULE) -> list[str]:
     """
     import ast
 
-    from ..drift import source_hash
     from ..signatures import from_ast, match
 
     tree = ast.parse(text)

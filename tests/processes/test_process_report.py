@@ -202,3 +202,81 @@ def test_status_from_log_skips_odd_shaped_records_and_counts_them(tmp_path, shap
         assert "skipped 2 status record(s) of an unexpected shape" in proc.stderr
         assert "process 41 " in proc.stdout or '"pid": 41' in proc.stdout
         assert "42" not in proc.stdout
+
+
+STATS_MARKER = "aiter_patches stats: "
+GARBAGE = {
+    "stats foreign_layers a number": f'{STATS_MARKER}{{"pid":41,"patch":"p","fast":1,"foreign_layers":7}}',
+    "stats fallback a list": f'{STATS_MARKER}{{"pid":41,"patch":"p","fast":1,"fallback":[1]}}',
+    "stats fast a string": f'{STATS_MARKER}{{"pid":41,"patch":"p","fast":"9"}}',
+    "status nested too deep": process_report.MARKER + "[" * 200000,
+    "stats nested too deep": STATS_MARKER + "[" * 200000,
+}
+
+
+@pytest.mark.parametrize("garbage", GARBAGE, ids=list(GARBAGE))
+def test_status_from_log_skips_garbage_records_and_counts_them_in_one_warning(tmp_path, garbage):
+    good = {"pid": 41, "patches": [{"name": "p", "state": "applied"}], "via": ["run"]}
+    good_stats = f'{STATS_MARKER}{{"pid":43,"patch":"p","fast":5}}'
+    path = tmp_path / "server.log"
+    path.write_text(f"INFO {process_report.MARKER}{json.dumps(good)}\nINFO {good_stats}\nINFO {GARBAGE[garbage]}\n")
+    for args in ((str(path),), (str(path), "--json")):
+        proc = _status_from_log(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+        warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning:")]
+        kind = garbage.split()[0]
+        assert warnings == [f"warning: skipped 1 {kind} record(s) of an unexpected shape in {path}"]
+        assert "process 41 " in proc.stdout or '"pid": 41' in proc.stdout
+        assert "5 fast-path hits" in proc.stdout or '"fast": 5' in proc.stdout
+
+
+def test_many_foreign_layers_keep_the_status_and_summary_lines_under_the_limit(tmp_path, monkeypatch):
+    """48 server modules alias a patched function and a tracing library wraps each alias (functools.wraps)."""
+    import functools
+
+    from aiter_patches import registry
+    from aiter_patches.registry import Patch, Target
+    from aiter_patches.signatures import Pin
+
+    pkg = tmp_path / "_aiter_patches_test_srv" / "model_executor" / "layers" / "fused_moe"
+    pkg.mkdir(parents=True)
+    for d in (pkg, *pkg.parents):
+        if d == tmp_path:
+            break
+        (d / "__init__.py").write_text("")
+    (tmp_path / "_aiter_patches_test_fm.py").write_text("def f(x):\n    return x\n")
+    for i in range(48):
+        (pkg / f"backend_{i:02d}.py").write_text("from _aiter_patches_test_fm import f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    importlib.import_module("_aiter_patches_test_fm")
+    mods = [importlib.import_module(f"_aiter_patches_test_srv.model_executor.layers.fused_moe.backend_{i:02d}")
+            for i in range(48)]
+
+    def factory(inner, site):
+        def wrapper(*a, **k):
+            return inner(*a, **k)
+        return wrapper
+
+    registry.register(Patch("t_long", "t_long", (Target("_aiter_patches_test_fm", "f",
+                                                         (Pin("v1", "(x)", "test"),), factory),)))
+    try:
+        assert registry.apply(["t_long"])["t_long"]["state"] == "applied"
+        for m in mods:
+            m.f = functools.wraps(m.f)(lambda *a, _o=m.f, **k: _o(*a, **k))
+        record = process_report.status_record()
+        assert len(next(p for p in record["patches"] if p["name"] == "t_long")["foreign_layers"]) == 48
+        line = process_report.status_line(record)
+        assert len(line.encode()) <= process_report.LINE_LIMIT and '"condensed":true' in line
+        back = json.loads(line.removeprefix(process_report.MARKER))
+        p = next(p for p in back["patches"] if p["name"] == "t_long")
+        assert len(p["foreign_layers"]) + p["foreign_layers_more"] == 48
+        assert process_report.read_log([f"INFO {line}"])  # still a well-shaped record
+        summary = process_report.summary_line(record)
+        assert len(summary.encode()) <= process_report.LINE_LIMIT
+        assert "more)" in summary.split("; rebound aliases:")[0]
+    finally:
+        registry.unregister("t_long")
+        for name in [n for n in sys.modules if n.startswith("_aiter_patches_test_")]:
+            del sys.modules[name]

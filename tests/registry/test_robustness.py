@@ -348,3 +348,46 @@ def test_strict_skip_at_import_then_retry_status_describes_what_is_live(lib):
     assert not hasattr(core.other, "__aiter_patches__")
     registry.revert()
     assert mod.call_target(1) == ("orig", 1, 1)
+
+
+class _RaisingFinder:
+    """A third party's meta-path finder that raises something other than ImportError for one name."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name:
+            raise RuntimeError("fussy finder")
+        return None
+
+
+def _server_patch(name, requires):
+    p = Patch(name, name, (Target(f"{requires}.layer", "f", (GOOD_PIN,), tagging(name, None)),), requires=requires)
+    registry.register(p)
+    return p
+
+
+def test_a_finder_raising_for_a_servers_package_leaves_its_patch_inactive_and_apply_does_not_raise():
+    finder = _RaisingFinder("_aiter_patches_test_server")
+    sys.meta_path.insert(0, finder)
+    _server_patch("t_fussy", "_aiter_patches_test_server")
+    try:
+        report = aiter_patches.apply(["t_fussy"], strict=False)
+    finally:
+        sys.meta_path.remove(finder)
+        registry.unregister("t_fussy")
+    assert report["t_fussy"]["state"] == "inactive"
+    assert "is not installed" in report["t_fussy"]["reason"]
+
+
+def test_a_bare_directory_named_like_a_servers_package_is_not_that_package_installed(tmp_path, monkeypatch):
+    (tmp_path / "_aiter_patches_test_nsserver").mkdir()  # no __init__.py: a namespace package
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    _server_patch("t_ns", "_aiter_patches_test_nsserver")
+    try:
+        report = aiter_patches.apply(["t_ns"], strict=False)
+    finally:
+        registry.unregister("t_ns")
+    assert report["t_ns"]["state"] == "inactive", report["t_ns"]

@@ -166,6 +166,9 @@ def test_takeover_applied_after_sglang_wrapped_ours_unwraps_by_identity(stub, sg
         aiter_patches.apply()
         run_sglang_patch()
         assert any(f.startswith("outer layer") for f in layers(MX))
+        theirs = {attr: getattr(fm, attr) for attr in ("fused_moe", "_moe_sorting_impl",
+                                                       "fused_dynamic_mxfp8_quant_moe_sort")}
+        assert all(f.__globals__["__name__"] == MODULE for f in theirs.values())
         monkeypatch.delenv("AITER_PATCHES_DISABLE")
         assert aiter_patches.apply([TAKEOVER])[TAKEOVER]["state"] == "applied"
         for attr in ("fused_moe", "_moe_sorting_impl", "fused_dynamic_mxfp8_quant_moe_sort"):
@@ -178,8 +181,16 @@ def test_takeover_applied_after_sglang_wrapped_ours_unwraps_by_identity(stub, sg
         for a, want in zip(args, expected):
             assert same_bits(fused_moe(a), want)
         assert stats(MX)["fast"] == 2 * len(TOKENS)
-        aiter_patches.revert()
-        assert fm.fused_moe.__globals__["__name__"] == "aiter.fused_moe"  # AITER's own, not SGLang's wrapper
+        aiter_patches.revert([TAKEOVER])  # SGLang's wrappers go back where the take-over took them off
+        for attr, theirs_fn in theirs.items():
+            assert getattr(fm, attr) is theirs_fn, attr
+        assert aiter_patches.apply([TAKEOVER])[TAKEOVER]["state"] == "applied"  # and come off again
+        assert layers(MX) == []
+        aiter_patches.revert()  # all: SGLang's wrappers stay, over ours disarmed (they pass every call to AITER)
+        for attr, theirs_fn in theirs.items():
+            assert getattr(fm, attr) is theirs_fn, attr
+        for a, want in zip(args, expected):
+            assert same_bits(fused_moe(a), want)
 
 
 def test_takeover_imports_aiter_fused_moe_when_sglang_calls_first(sglang_root):
