@@ -252,7 +252,7 @@ def sort_only_reason(bound: dict, kernel) -> str | None:
     worth it only where it launches fewer kernels.
     """
     M, topk = bound["topk_ids"].shape
-    ours = 1 if M * topk <= kernel.ONE_LAUNCH_MAX_PAIRS else 4
+    ours = kernel.launch_count(M, topk, quant=False, fused=False)
     try:
         theirs = aiter_sort_launches(M, bound["num_experts"], topk, bound.get("dispatch_policy", 0) or 0)
     except Exception:  # noqa: BLE001 - AITER cannot say: do not replace its sort for nothing
