@@ -154,13 +154,22 @@ _TENSOR_ONLY_OVERRIDE = re.compile(
 
 
 def _backend_spec(backend) -> tuple[bool, Any, str]:
-    """(native, spec maker, refusal) for this backend object, decided once per backend class:
+    """(native, spec, refusal) for this backend object, decided once per backend class:
     native: the key's dtype + 16-byte alignment is the whole tensor specialization; else
-    ``spec(tensor, align=True)`` returns what the binder adds; refusal: why neither is provable."""
+    ``spec(tensor, align=True)`` returns what the binder adds (bound to this object); refusal:
+    why neither is provable."""
     cls = type(backend)
     got = _backend_specs.get(cls)
-    if got is not None:
-        return got
+    if got is None:
+        got = _backend_specs[cls] = _decide_backend_spec(backend)
+        if got[2]:
+            _log.warning("aiter_patches fast launch: ordinary Triton launches on %s: %s", cls.__name__, got[2])
+    native, make, why = got
+    return native, (make(backend) if make is not None else None), why
+
+
+def _decide_backend_spec(backend) -> tuple[bool, Any, str]:
+    cls = type(backend)
     api = _status["spec_api"]
     native, spec, why = False, None, ""
     if api == "tensor":
@@ -168,7 +177,7 @@ def _backend_spec(backend) -> tuple[bool, Any, str]:
         if flag is True:
             native = True
         elif flag is False and callable(getattr(backend, "get_tensor_specialization", None)):
-            spec = backend.get_tensor_specialization
+            spec = operator.attrgetter("get_tensor_specialization")
         else:
             why = (f"{cls.__name__} has neither supports_native_tensor_specialization nor "
                    "get_tensor_specialization, which this Triton's binder uses")
@@ -190,18 +199,17 @@ def _backend_spec(backend) -> tuple[bool, Any, str]:
         elif impl is base:
             native = True  # alignment only: already in the key
         elif impl is not None and _override_is_tensor_only(impl):
-            f = backend.get_arg_specialization
-            spec = lambda t, align=True: f(t, "tensor", align=align)  # noqa: E731
+            spec = _tensor_arg_spec
         else:
             why = f"{cls.__name__}.get_arg_specialization is missing or overrides more than tensors"
     else:
         why = "the installed Triton's specialization API is unknown"
-    got = (native, spec, why)
-    with _lock:
-        _backend_specs[cls] = got
-    if why:
-        _log.warning("aiter_patches fast launch: ordinary Triton launches on %s: %s", cls.__name__, why)
-    return got
+    return native, spec, why
+
+
+def _tensor_arg_spec(backend):
+    f = backend.get_arg_specialization
+    return lambda t, align=True: f(t, "tensor", align=align)
 
 
 def _override_is_tensor_only(impl) -> bool:
