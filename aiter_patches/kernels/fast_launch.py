@@ -11,8 +11,13 @@ at least as fine as Triton's own: the device, the options and the knobs Triton f
 the type of every runtime argument, the value of every constexpr and of every int/bool/float/None
 argument (finer than Triton's ``== 1`` / ``% 16`` / i32-i64-u64 classes: a decode step repeats
 its ints, so the extra keys are few), and for every tensor its dtype and 16-byte pointer
-alignment, plus whatever a backend without the native tensor specialization adds (AMD's
-buffer-ops range). A later call with the same key calls that kernel's launcher directly, as
+alignment, plus whatever the backend adds to a tensor's specialization (AMD's buffer-ops
+range), asked through the API the installed Triton's binder itself calls: Triton 3.4/3.5 ask
+``backend.get_arg_specialization(arg, "tensor", align=...)``, later ones ask
+``get_tensor_specialization`` unless the backend says ``supports_native_tensor_specialization``.
+Which one is read once from ``triton/runtime/jit.py``; a backend that offers neither API the
+binder uses (or overrides the int specialization in a way not checked here) gets ordinary
+launches, logged once and counted, never an error. A later call with the same key calls that kernel's launcher directly, as
 Triton itself would, with the pointers already unpacked.
 
 It falls back to the ordinary launch (same arguments) whenever it cannot prove it is doing what
@@ -22,7 +27,9 @@ launch), pre-run hooks, an argument type outside the list above, a callable grid
 globals, and an installed Triton whose ``JITFunction.run`` does not launch with the convention
 checked here (read from its source once: ``kernel.run(grid_0, grid_1, grid_2, stream,
 kernel.function, kernel.packed_metadata, launch_metadata, enter_hook, exit_hook,
-*bound_args.values())``, true of Triton 3.2 through 3.9). ``AITER_PATCHES_FAST_LAUNCH=0`` turns
+*bound_args.values())``; the check also needs ``triton.knobs``, so Triton 3.4 or later, and
+has been run against Triton 3.5.1 and 3.9; Triton 3.3 and older get ordinary launches).
+``AITER_PATCHES_FAST_LAUNCH=0`` turns
 it off; ``=verify`` also asks Triton, on every direct launch, which kernel it would have run and
 raises :class:`DispatchMismatch` if it is another one (tests and the GPU check use it).
 
@@ -34,6 +41,7 @@ launch inside a capture is recorded like Triton's (same launcher, same stream).
 from __future__ import annotations
 
 import inspect
+import logging
 import operator
 import os
 import re
@@ -55,8 +63,10 @@ class DispatchMismatch(AssertionError):
 
 _lock = threading.Lock()
 _kernels: dict[int, tuple[Any, "_Kernel | None"]] = {}  # id(fn) -> (fn, state); None: never direct
-_status: dict[str, Any] = {"available": None, "reason": ""}
-_counts = {"direct": 0, "ordinary": 0, "compiled_variants": 0}
+_status: dict[str, Any] = {"available": None, "reason": "", "spec_api": None}
+_backend_specs: dict[type, tuple[bool, Any, str]] = {}  # backend class -> (native, spec maker, refusal)
+_log = logging.getLogger(__name__)
+_counts = {"direct": 0, "ordinary": 0, "compiled_variants": 0, "backend_refused": 0}
 _knobs = _driver = None  # triton.knobs and triton.runtime.driver, bound at the first kernel seen
 
 
@@ -115,7 +125,100 @@ def _check_triton() -> str | None:
     extra = set(re.findall(r'kwargs\["(\w+)"\]=', flat)) - _KNOWN_RUN_KWARGS
     if extra:
         return f"JITFunction.run sets unknown option(s) {sorted(extra)}"
+    import triton.runtime.jit as jit_module
+
+    try:
+        jit_src = re.sub(r"\s+", "", inspect.getsource(jit_module))
+    except (OSError, TypeError) as exc:  # pragma: no cover
+        return f"cannot read triton/runtime/jit.py ({exc})"
+    _status["spec_api"] = _spec_api(jit_src)
+    if _status["spec_api"] is None:
+        return "the binder in triton/runtime/jit.py asks the backend for specializations in an unknown way"
     return None
+
+
+def _spec_api(jit_src: str) -> str | None:
+    """Which backend API the installed Triton's binder calls for a tensor's specialization."""
+    if "create_specialize_impl(backend.get_arg_specialization)" in jit_src:
+        return "arg"  # Triton 3.4/3.5: one Python hook for ints and tensors
+    if "specialize_impl=native_specialize_impl" in jit_src:
+        return "tensor"  # later: native, or get_tensor_specialization when the backend is not native
+    return None
+
+
+# Triton 3.5's HIPBackend override: the base result, plus letters for tensors only (so an int's
+# specialization stays a function of its value, which the key holds).
+_TENSOR_ONLY_OVERRIDE = re.compile(
+    r'@staticmethoddefget_arg_specialization\(arg,ty,\*\*kwargs\):ret=BaseBackend\.get_arg_specialization'
+    r'\(arg,ty,\*\*kwargs\)if[^:]*ty=="tensor"[^:]*:ret\+="\w+"returnret')
+
+
+def _backend_spec(backend) -> tuple[bool, Any, str]:
+    """(native, spec, refusal) for this backend object, decided once per backend class:
+    native: the key's dtype + 16-byte alignment is the whole tensor specialization; else
+    ``spec(tensor, align=True)`` returns what the binder adds (bound to this object); refusal:
+    why neither is provable."""
+    cls = type(backend)
+    got = _backend_specs.get(cls)
+    if got is None:
+        got = _backend_specs[cls] = _decide_backend_spec(backend)
+        if got[2]:
+            _log.warning("aiter_patches fast launch: ordinary Triton launches on %s: %s", cls.__name__, got[2])
+    native, make, why = got
+    return native, (make(backend) if make is not None else None), why
+
+
+def _decide_backend_spec(backend) -> tuple[bool, Any, str]:
+    cls = type(backend)
+    api = _status["spec_api"]
+    native, spec, why = False, None, ""
+    if api == "tensor":
+        flag = getattr(backend, "supports_native_tensor_specialization", None)
+        if flag is True:
+            native = True
+        elif flag is False and callable(getattr(backend, "get_tensor_specialization", None)):
+            spec = operator.attrgetter("get_tensor_specialization")
+        else:
+            why = (f"{cls.__name__} has neither supports_native_tensor_specialization nor "
+                   "get_tensor_specialization, which this Triton's binder uses")
+    elif api == "arg":
+        from triton.backends.compiler import BaseBackend
+
+        impl = inspect.getattr_static(cls, "get_arg_specialization", None)
+        impl = getattr(impl, "__func__", impl)
+        base = getattr(inspect.getattr_static(BaseBackend, "get_arg_specialization", None), "__func__", None)
+        try:
+            base_src = re.sub(r"\s+", "", inspect.getsource(base)) if base is not None else ""
+        except (OSError, TypeError):  # pragma: no cover
+            base_src = ""
+        base_ok = ('ifty=="int"andarg%16==0andkwargs.get("align",False):return"D"' in base_src
+                   and 'ifty=="tensor"andarg.data_ptr()%16==0andkwargs.get("align",False):return"D"'
+                   in base_src and base_src.endswith('return""'))
+        if not base_ok:
+            why = "BaseBackend.get_arg_specialization is not the 16-byte-alignment rule checked here"
+        elif impl is base:
+            native = True  # alignment only: already in the key
+        elif impl is not None and _override_is_tensor_only(impl):
+            spec = _tensor_arg_spec
+        else:
+            why = f"{cls.__name__}.get_arg_specialization is missing or overrides more than tensors"
+    else:
+        why = "the installed Triton's specialization API is unknown"
+    return native, spec, why
+
+
+def _tensor_arg_spec(backend):
+    f = backend.get_arg_specialization
+    return lambda t, align=True: f(t, "tensor", align=align)
+
+
+def _override_is_tensor_only(impl) -> bool:
+    try:
+        lines = inspect.getsource(impl).splitlines()
+    except (OSError, TypeError):
+        return False
+    code = "".join(ln.split("#", 1)[0] for ln in lines)
+    return _TENSOR_ONLY_OVERRIDE.fullmatch(re.sub(r"\s+", "", code)) is not None
 
 
 def available() -> tuple[bool, str]:
@@ -163,8 +266,8 @@ class _Kernel:
         st = self.devices.get(device)
         if st is None:
             backend = self.fn.device_caches[device][3]
-            native = bool(getattr(backend, "supports_native_tensor_specialization", False))
-            st = ({}, native, backend)
+            native, spec, why = _backend_spec(backend)
+            st = ({}, native, None if why else spec)
             self.devices[device] = st
         return st
 
@@ -299,10 +402,14 @@ def launch(fn, grid, *args, **kwargs) -> None:
         return
     drv = _driver.active
     device = drv.get_current_device()
-    compiled, native, backend = st.devices.get(device) or st.device_state(device)
+    compiled, native, spec = st.devices.get(device) or st.device_state(device)
+    if not native and spec is None:  # the backend's specialization cannot be reproduced here
+        _counts["backend_refused"] += 1
+        _ordinary(fn, grid, args, kwargs, None, None)
+        return
 
     launch_values = values.copy()
-    dtypes, aligned = lay.unpack(values, launch_values, None if native else backend.get_tensor_specialization)
+    dtypes, aligned = lay.unpack(values, launch_values, None if native else spec)
     key = (types, lay.get_others(values), dtypes, aligned,
            tuple(opts.items()) if opts else (), fn.debug, rt.debug,
            tuple(getattr(_knobs.compilation, k, None) for k in st.knob_reads) if st.knob_reads else ())

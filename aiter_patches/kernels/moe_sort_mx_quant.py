@@ -790,3 +790,6 @@ def _count_params(pairs: int, e_bins: int) -> dict:
     if chunk * e_bins <= TILE:
         return dict(COUNT_CHUNK=max(chunk, 2), USE_HIST=False)
     return dict(COUNT_CHUNK=min(chunk, 1024), USE_HIST=True)
+def launch_count(num_tokens: int, topk: int, quant: bool, fused: bool) -> int:
+    """Kernels :func:`moe_sort_mx_quant` launches (``fused``: the quant's resolved semantics)."""
+    return 1 if max(num_tokens * topk, 1) <= ONE_LAUNCH_MAX_PAIRS else 3 + (quant and not fused)

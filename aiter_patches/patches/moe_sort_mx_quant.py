@@ -23,6 +23,7 @@ KERNEL_MODULE = "aiter_patches.kernels.moe_sort_mx_quant"
 
 _PER_1X32 = 3  # QuantType.per_1x32
 _SWIGLU, _SITUV2 = 2, 3  # ActivationType
+_SHARED_EXPERT_ARGS = ("shared_w1", "shared_w2", "shared_w1_scale", "shared_w2_scale")
 
 
 _KERNEL = []  # the kernel module, imported at the first call (an import statement per call costs ~1 µs)
@@ -58,9 +59,16 @@ def predict_stage1_quant(bound: dict):
     skipped under ``AITER_MOE_A8W4_BYPASS_QUANT``). Activations that arrive quantized
     (an fp4x2/fp8 ``hidden_states``) are not quantized by stage 1's helper: None.
     A given ``a1_scale`` with bf16 activations does not stop AITER from quantizing.
+    Paths where AITER never asks ``get_2stage_cfgs`` for these arguments are None before
+    asking it (it is not free: a miss reads the tuned CSVs, logs, and under
+    ``AITER_ONLINE_TUNE=1`` runs a tuning job): the shared-expert arguments (``fused_moe``
+    hands the call to ``aiter.fhmoe``), and interleaved gates with FlyDSL available (its
+    grouped a8w4 kernel may take the call before any sort).
     """
     import torch
 
+    if any(bound.get(n) is not None for n in _SHARED_EXPERT_ARGS) or bound.get("shared_expert_id", -1) != -1:
+        return None  # fused_moe diverts to aiter.fhmoe._fhmoe
     qt = enum_value(bound.get("quant_type", 0))
     if qt == _PER_128X128:
         qt = _PER_1X128
@@ -107,6 +115,8 @@ def _stage1_dtype(fm, dtypes, bound, w1, tokens):
     gate = bound.get("gate_mode", "separated")
     interleaved = getattr(gate, "value", gate) == "interleave"
     if act == _SITUV2:
+        if interleaved and _flydsl(fm):
+            return None  # AITER may take its grouped a8w4 kernel before any sort
         if os.environ.get("AITER_SITUV2_A8W4", "0") == "1":
             return dtypes.fp8
         if os.environ.get("AITER_SITUV2_A4W4", "0") == "1":
@@ -252,7 +262,7 @@ def sort_only_reason(bound: dict, kernel) -> str | None:
     worth it only where it launches fewer kernels.
     """
     M, topk = bound["topk_ids"].shape
-    ours = 1 if M * topk <= kernel.ONE_LAUNCH_MAX_PAIRS else 4
+    ours = kernel.launch_count(M, topk, quant=False, fused=False)
     try:
         theirs = aiter_sort_launches(M, bound["num_experts"], topk, bound.get("dispatch_policy", 0) or 0)
     except Exception:  # noqa: BLE001 - AITER cannot say: do not replace its sort for nothing

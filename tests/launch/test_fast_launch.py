@@ -11,6 +11,11 @@ runs the real kernels both ways).
 from __future__ import annotations
 
 import gc
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,8 +250,11 @@ def test_a_backend_without_native_tensor_specialization_is_asked_per_tensor(monk
     that flips it must not reuse the other variant."""
     from triton.backends.amd.compiler import HIPBackend
 
+    from triton import knobs
+
     big = set()
     monkeypatch.setattr(HIPBackend, "is_within_2gb", staticmethod(lambda t: t.data_ptr() not in big))
+    monkeypatch.setattr(knobs.amd, "use_buffer_ops", True)  # Triton 3.5 adds 'S' only then
     fl.set_mode(None)
     with ft.fake_triton(probe, backend="hip"):
         bufs = buffers()
@@ -257,3 +265,60 @@ def test_a_backend_without_native_tensor_specialization_is_asked_per_tensor(monk
         args[0] = other
         ordinary, direct = both_ways(probe, (1,), *args, **kw)
         assert direct.kernel is ordinary.kernel is not small.kernel
+
+
+class _NoSpecializationAPI:
+    """A backend offering neither specialization API any known Triton binder asks for."""
+
+    _missing = ("supports_native_tensor_specialization", "get_tensor_specialization", "get_arg_specialization")
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        if name in self._missing:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_a_backend_without_a_known_specialization_api_gets_ordinary_launches(fake, caplog):
+    """Never an AttributeError at launch: ordinary launches, each counted, one warning."""
+    bufs = buffers()
+    args, kw = call_args(CASES[0], bufs)
+    probe[(1,)](*args, **kw)  # makes the device cache
+    entry = probe.device_caches[0]
+    probe.device_caches[0] = (*entry[:3], _NoSpecializationAPI(entry[3]), *entry[4:])
+    fl.set_mode("on")
+    ft.LOG.clear()
+    with caplog.at_level(logging.WARNING, logger=fl.__name__):
+        for _ in range(3):
+            fl.launch(probe, (1,), *args, **kw)
+    st = fl.stats()
+    assert (st["direct"], st["ordinary"], st["backend_refused"]) == (0, 3, 3)
+    assert len(ft.LOG) == 3  # Triton launched each call
+    warned = [r for r in caplog.records if "_NoSpecializationAPI" in r.getMessage()]
+    assert len(warned) == 1 and "ordinary Triton launches" in warned[0].getMessage()
+
+
+TRITON35 = os.environ.get("AITER_PATCHES_TEST_TRITON35", "")
+
+
+@pytest.mark.skipif(not TRITON35 or os.environ.get("AITER_PATCHES_IN_TRITON35_RUN") == "1",
+                    reason="set AITER_PATCHES_TEST_TRITON35 to an unpacked Triton 3.5.x site dir")
+def test_direct_launches_match_triton_3_5(tmp_path):
+    """Triton 3.5's backends ask get_arg_specialization(arg, ty): this file's checks, on that Triton
+    (CUDA and HIP targets), in a subprocess with the 3.5 site first on the path."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TRITON35, str(repo)]),
+           "AITER_PATCHES_IN_TRITON35_RUN": "1"}
+    probe_cmd = ("import triton; from aiter_patches.kernels import fast_launch as fl; "
+                 "print(triton.__version__, fl.available(), fl._status['spec_api'])")
+    out = subprocess.run([sys.executable, "-c", probe_cmd], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=repo)
+    assert out.stdout.startswith("3.5") and "(True, '') arg" in out.stdout, out.stdout + out.stderr
+    # the interpreter test is left out: Triton 3.5's interpreter predates this venv's numpy
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                          "-k", "not interpreted"], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=repo)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "\n11 passed" in run.stdout, run.stdout[-500:]

@@ -94,3 +94,42 @@ def test_sort_only_runs_only_where_it_saves_launches(stub):
             assert s["fast"] == 0
             assert list(s["fallback"]) == ["sort only, nothing saved: AITER's opus sort takes 1 launch(es), "
                                            "the one-launch sort 1"]
+
+
+def _counting_cfgs(monkeypatch, fm):
+    calls = []
+    real = fm.get_2stage_cfgs
+
+    def counted(*a, **k):
+        calls.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(fm, "get_2stage_cfgs", counted)
+    return calls
+
+
+@pytest.mark.parametrize("shared", [dict(shared_w1=torch.zeros(1)), dict(shared_w2=torch.zeros(1)),
+                                    dict(shared_w1_scale=torch.zeros(1)), dict(shared_w2_scale=torch.zeros(1)),
+                                    dict(shared_expert_id=0)])
+def test_the_shared_expert_path_is_not_asked_for_a_config(stub, monkeypatch, shared):
+    """fused_moe hands these calls to aiter.fhmoe: AITER never asks get_2stage_cfgs for them."""
+    calls = _counting_cfgs(monkeypatch, stub.fused_moe)
+    assert msq.predict_stage1_quant(_bound(stub, 3, E=8, topk=2)) == stub.dtypes.fp4x2
+    assert len(calls) == 1
+    assert msq.predict_stage1_quant(_bound(stub, 3, E=8, topk=2, **shared)) is None
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("env", ["AITER_SITUV2_A8W4", "AITER_SITUV2_A4W4"])
+def test_situv2_interleaved_with_flydsl_is_not_asked_for_a_config(stub, monkeypatch, env):
+    """AITER's grouped a8w4 kernel may take interleaved calls when FlyDSL is available, before
+    get_2stage_cfgs; the SiTUv2 quant switches do not change that."""
+    fm = stub.fused_moe
+    monkeypatch.setenv(env, "1")
+    calls = _counting_cfgs(monkeypatch, fm)
+    kw = dict(E=8, topk=2, activation=stub.ActivationType.Situv2, gate_mode="interleave")
+    msq.predict_stage1_quant(_bound(stub, 3, **kw))
+    assert len(calls) == 1  # without FlyDSL the config is asked for
+    monkeypatch.setattr(fm, "is_flydsl_available", lambda: True)
+    assert msq.predict_stage1_quant(_bound(stub, 3, **kw)) is None
+    assert len(calls) == 1

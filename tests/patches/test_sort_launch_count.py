@@ -1,0 +1,48 @@
+"""The launch count the sort-only rule compares with AITER's is the kernel module's own, checked
+against counted launches: one up to ONE_LAUNCH_MAX_PAIRS pairs, then three (rank, scan, sort),
+four with the split-semantics quant (its scale tiles)."""
+
+import pytest
+import torch
+
+from aiter_patches.kernels import moe_sort_mx_quant as k
+from aiter_patches.patches import moe_sort_mx_quant as msq
+
+
+def _counted(monkeypatch, M, topk, quant_dtype=None, semantics="auto"):
+    names = []
+    monkeypatch.setattr(k, "launch", lambda fn, grid, *a, **kw: names.append(fn.__name__))
+    ids = (torch.arange(M * topk, dtype=torch.int32) % 64).reshape(M, topk)
+    w = torch.rand(M, topk)
+    quant = {}
+    if quant_dtype is not None:
+        quant = dict(quant_input=torch.zeros(M, 64, dtype=torch.bfloat16), quant_dtype=quant_dtype,
+                     quant_semantics=semantics)
+    k.moe_sort_mx_quant(ids, w, 64, 128, torch.bfloat16, 32, **quant)
+    return names
+
+
+@pytest.mark.parametrize("M,topk,qd,sem,fused,n", [
+    (256, 8, None, "auto", False, 1),                      # exactly ONE_LAUNCH_MAX_PAIRS pairs
+    (257, 8, None, "auto", False, 3),                      # sort only above it
+    (4096, 1, None, "auto", False, 3),
+    (300, 8, torch.float4_e2m1fn_x2, "split", False, 4),   # + the scale tiles
+    (300, 8, torch.float8_e4m3fn, "auto", False, 4),       # auto above 2048 pairs is split
+    (300, 8, torch.float4_e2m1fn_x2, "fused", True, 3),
+    (16, 8, torch.float4_e2m1fn_x2, "split", False, 1),
+])
+def test_launch_count_is_what_the_kernel_launches(monkeypatch, M, topk, qd, sem, fused, n):
+    assert len(_counted(monkeypatch, M, topk, qd, sem)) == n
+    assert k.launch_count(M, topk, quant=qd is not None, fused=fused) == n
+
+
+@pytest.mark.parametrize("M,topk,theirs,saves", [(256, 8, 2, True), (2048, 2, 4, True), (2048, 2, 3, False),
+                                                 (257, 8, 2, False)])
+def test_sort_only_runs_where_its_counted_launches_are_fewer(monkeypatch, M, topk, theirs, saves):
+    monkeypatch.setattr(msq, "aiter_sort_launches", lambda *a: theirs)
+    bound = {"topk_ids": torch.zeros(M, topk, dtype=torch.int32), "num_experts": 64}
+    reason = msq.sort_only_reason(bound, k)
+    ours = k.launch_count(M, topk, quant=False, fused=False)
+    assert (reason is None) == saves
+    if not saves:
+        assert reason.endswith(f"takes {theirs} launch(es), the one-launch sort {ours}")
