@@ -500,11 +500,14 @@ def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
     tl.store(rank_ptr + lo + (key & (PC - 1)), rank, mask=lo + (key & (PC - 1)) < hi)
 
 
-@triton.jit
-def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, SNP: tl.constexpr, BYTES: tl.constexpr):
+@triton.jit(do_not_specialize=["M"])
+def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, M, SNP: tl.constexpr, BYTES: tl.constexpr):
     """Scale bytes of 32 sorted rows (``32 * SNP`` contiguous bytes of the swizzled layout), each
     from its token's compact row: full coalesced stores instead of one scattered byte per
-    (pair, group), which leave every 32-byte sector to be merged from many programs."""
+    (pair, group), which leave every 32-byte sector to be merged from many programs.
+
+    ``num_valid_ids[1]`` is ``num_local_tokens`` as given, which can exceed the ``M`` compact rows
+    (padding ids keep only its low 24 bits): a row is read only below ``min(T, M)``."""
     p = tl.program_id(0)
     nv = tl.load(nv_ptr)
     T = tl.load(nv_ptr + 1)
@@ -516,7 +519,7 @@ def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, SNP: tl.constexpr, BY
         g = (o // 256) * 8 + ((sub % 4) // 2) * 4 + rem // 64
         row = p * 32 + (sub % 2) * 16 + sub // 4
         tok = tl.load(sid_ptr + row, mask=row < nv, other=0) & 0xFFFFFF
-        real = (row < nv) & (tok < T) & (g < G)
+        real = (row < nv) & (tok < tl.minimum(T, M)) & (g < G)
         val = tl.load(cs_ptr + tok.to(tl.int64) * G + g, mask=real, other=0)
         tl.store(s_ptr + p.to(tl.int64) * (SNP * 32) + o, val, mask=o < SNP * 32)
 
@@ -726,7 +729,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         num_warps=4 if qg * 32 <= WIDE_ROW_ELEMS else 8,
     )
     if compact_scales:
-        launch(_scale_tiles_kernel, (s_out.shape[0] // 32,), sorted_ids, num_valid_ids, compact, s_u8, G,
+        launch(_scale_tiles_kernel, (s_out.shape[0] // 32,), sorted_ids, num_valid_ids, compact, s_u8, G, M,
                                                        SNP=snp, BYTES=SCALE_TILE_BYTES)
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
 

@@ -121,8 +121,12 @@ def _close(ext: SortExtension, unwinding: bool) -> None:
 
 
 def active() -> tuple[SortExtension, ...]:
-    """Active extensions, outermost first."""
-    return tuple(s.ext for s in _open_scopes())
+    """Active extensions, outermost first. Each scope's ``ext`` is read once: another thread may
+    exit the scope (setting it to None) between two reads."""
+    scopes = _ACTIVE.get()
+    if not scopes:
+        return ()
+    return tuple(e for s in scopes if (e := s.ext) is not None)
 
 
 def expected_outputs(arguments: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], Any]]:

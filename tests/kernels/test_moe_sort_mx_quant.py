@@ -12,7 +12,7 @@ import torch
 
 import aiter_patches.kernels.moe_sort_mx_quant as k
 from aiter_patches.reference.moe_sorting import defined_sort_region, moe_sorting_reference
-from aiter_patches.reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
+from aiter_patches.reference.mx_quant import mx_quant_moe_sort_reference, mx_scale_swizzle_index, stage1_uses_fused_quant
 
 FP4, FP8, FP8NUZ = torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m3fnuz
 HAS_GPU = torch.cuda.is_available()
@@ -432,3 +432,38 @@ def test_gpu_decode_paths(monkeypatch, path, M):
     run(M, 16, 896, 64, 3584, FP8, kind="skewed", mask=mask, nlt=nlt, init=True, seed=M)
     run(M, 8, 256, 32, 7168, FP4, kind="bad", nlt=nlt, seed=M)
     run(M, 8, 256, 16, 7168, None, kind="skewed", seed=M)
+
+
+def test_split_scales_never_read_past_the_compact_rows(monkeypatch):
+    """``num_local_tokens`` >= 2**24 (as given, AITER's undefined range) makes padding ids name token
+    ``T & 0xFFFFFF``: the scale-tile launch must not read that compact row of an ``M``-row buffer.
+    The compact buffer sits at the front of poisoned memory, so a read past it shows as 0xAB."""
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
+    monkeypatch.setattr(k, "CHUNK_PAIRS", 16)
+    M, K, E, B, N = 20, 2, 4, 16, 64
+    G = N // 32
+    T = (1 << 24) + 1000
+    backing = torch.full((((T & 0xFFFFFF) + 64) * G,), 0xAB, dtype=torch.uint8)
+    poisoned = k._empty
+
+    def empty(*size, dtype, device):
+        if size == (M, G) and dtype == torch.uint8:
+            return backing[: M * G].view(M, G)
+        return poisoned(*size, dtype=dtype, device=device)
+
+    monkeypatch.setattr(k, "_empty", empty)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, E, (M, K), generator=g, dtype=torch.int32)
+    x = torch.randn(M, N, generator=g).to(torch.bfloat16)
+    res = k.moe_sort_mx_quant(ids, torch.rand(M, K, generator=g), E, 96, torch.bfloat16, B,
+                              num_local_tokens=torch.tensor([T], dtype=torch.int32),
+                              quant_input=x, quant_dtype=torch.float4_e2m1fn_x2, quant_semantics="split")
+    nv = int(res.num_valid_ids[0])
+    sid = res.sorted_ids[:nv]
+    padding = ((sid >> 24) == K).nonzero().flatten()
+    assert len(padding) > 0
+    scales = res.quant[1].view(torch.uint8).reshape(-1)
+    snp = res.quant[1].shape[1]
+    for r in padding.tolist():
+        for grp in range(G):
+            assert scales[mx_scale_swizzle_index(r, grp, snp)] != 0xAB, f"padding row {r} read past the compact rows"

@@ -752,3 +752,23 @@ def test_cuda_graph_capture_with_an_active_extension(stub, fm, extension):
         if extension == "deferred":
             torch.testing.assert_close(shared_out, static["hidden_states"] @ shared_w, rtol=1e-2, atol=1e-2)
             assert shared_out.abs().sum() > 0
+
+
+def test_active_reads_each_scope_once():
+    """A scope exited by another thread between two reads of its ``ext`` must not yield None."""
+
+    class ExitedAfterOneRead:
+        def __init__(self, ext):
+            self._ext = ext
+
+        @property
+        def ext(self):
+            ext, self._ext = self._ext, None
+            return ext
+
+    marker = object()
+    token = se._ACTIVE.set((ExitedAfterOneRead(marker),))
+    try:
+        assert se.active() == (marker,)
+    finally:
+        se._ACTIVE.reset(token)
