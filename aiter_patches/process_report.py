@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Iterable, TextIO
 
-from . import foreign_layers, stats_log
+from . import foreign_layers, import_hooks, stats_log
 
 log = logging.getLogger("aiter_patches")
 
@@ -94,8 +94,11 @@ def log_after_fork() -> None:
 
 
 def _hooks_about_to_run(registry) -> bool:
+    """A pending patch whose modules are all imported, or finishing their import, applies in a moment.
+    A lazy module may never run: a patch waiting for one is reported now."""
+    about = (import_hooks.READY, import_hooks.INITIALIZING)
     for p in registry.patches():
-        if registry.state(p.name) == "pending" and all(t.module in sys.modules for t in p.targets):
+        if registry.state(p.name) == "pending" and all(import_hooks.readiness(t.module) in about for t in p.targets):
             return True
     return False
 

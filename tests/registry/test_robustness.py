@@ -111,6 +111,23 @@ def test_a_lazy_target_module_is_waited_for_not_executed(tmp_path):
             sys.modules.pop(m, None)
 
 
+def test_a_patch_pending_on_a_lazy_module_is_reported_at_once(tmp_path, caplog, monkeypatch):
+    """A lazy module may never run: the summary must not wait for its hook as for an imported module."""
+    from aiter_patches import process_report
+
+    monkeypatch.setattr(process_report, "_last_logged", None)
+    name = "aiter_patches_test_lazy_report"
+    lazy_module(tmp_path, name, "def target(x):\n    return x\n")
+    registry.register(Patch("t_lazy_report", "lazy report", (Target(name, "target", (OTHER_PIN,), tagging("R")),)))
+    try:
+        with caplog.at_level(logging.DEBUG, logger="aiter_patches"):
+            assert aiter_patches.apply(["t_lazy_report"]).pending == ["t_lazy_report"]
+        assert any(r.getMessage().startswith(process_report.MARKER) for r in caplog.records)
+    finally:
+        registry.unregister("t_lazy_report")
+        sys.modules.pop(name, None)
+
+
 def raising_factory(inner, site):
     raise RuntimeError("factory exploded")
 
