@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Iterable, TextIO
 
-from . import foreign_layers, import_hooks, stats_log
+from . import foreign_layers, import_hooks, log_records, stats_log
 
 log = logging.getLogger("aiter_patches")
 
@@ -148,17 +148,8 @@ def status_record() -> dict[str, Any]:
     }
 
 
-# A line written with one write() of at most PIPE_BUF (4 KiB on Linux) bytes is never interleaved with
-# another process's on a shared pipe; the log format's prefix needs room too.
-LINE_LIMIT = 3072
-
-
-def _dumps(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"), default=str)
-
-
-def _cut(text: Any, n: int) -> Any:
-    return text[: n - 1] + "…" if isinstance(text, str) and len(text) > n else text
+LINE_LIMIT = log_records.LINE_LIMIT
+_dumps, _cut = log_records.dumps, log_records.cut
 
 
 def _condense(record: dict[str, Any], step: int) -> dict[str, Any]:
@@ -303,35 +294,17 @@ def scan_log(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
 
     The marker may follow any prefix a server's log format adds, and may occur
     several times on one line (a process's line cut short, then another's
-    whole line): every occurrence is read on its own. Text that does not
-    parse is ignored (a log can be cut mid-line); JSON nested too deep to
-    decode is skipped and counted like a record of an unexpected shape.
+    whole line): every occurrence is read on its own (``log_records.marked``).
+    JSON nested too deep to decode is skipped and counted like a record of an
+    unexpected shape.
     """
-    decoder = json.JSONDecoder()
     latest: dict[int, dict[str, Any]] = {}
     odd = 0
-    for line in lines:
-        starts = []
-        at = line.find(MARKER)
-        while at >= 0:
-            starts.append(at)
-            at = line.find(MARKER, at + 1)
-        for i, at in enumerate(starts):
-            try:
-                record, end = decoder.raw_decode(line, at + len(MARKER))
-            except ValueError:
-                continue
-            except RecursionError:  # nested deeper than the decoder can go: garbage, counted
-                odd += 1
-                continue
-            if i + 1 < len(starts) and end > starts[i + 1]:
-                continue  # a cut record whose last string ran on into the next record's text
-            pid = record.get("pid") if isinstance(record, dict) else None
-            if not isinstance(pid, int) or isinstance(pid, bool):
-                continue
-            if not _well_shaped(record):
-                odd += 1
-                continue
+    for record, too_deep in log_records.marked(lines, MARKER):
+        pid = log_records.int_field(record, "pid")
+        if too_deep or (pid is not None and not _well_shaped(record)):
+            odd += 1
+        elif pid is not None:
             latest[pid] = record  # dict keeps first-insertion order
     return list(latest.values()), odd
 

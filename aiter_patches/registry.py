@@ -875,7 +875,8 @@ def _after_fork_in_child() -> None:
     foreign_layers.renew_lock_after_fork()
     for c in list(_counters.values()):
         c.after_fork_in_child()
-    stats_log.after_fork_in_child()  # renews its lock; restarts its thread if the parent had one
+    # renews its lock and restarts its thread if the parent had one; the inherited counts are its baseline
+    stats_log.after_fork_in_child({name: c.snapshot() for name, c in _counters.items()})
     if not held:
         log.warning("aiter_patches: process %d was forked while another thread had been inside the patch registry "
                     "for over %.0f s; this child's patch states may be incomplete", os.getpid(), _FORK_WAIT_S)

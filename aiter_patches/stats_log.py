@@ -29,11 +29,13 @@ import os
 import threading
 from typing import Any, Iterable
 
+from . import log_records
+
 log = logging.getLogger("aiter_patches")
 
 MARKER = "aiter_patches stats: "
 INTERVAL_ENV = "AITER_PATCHES_STATS_INTERVAL"
-MAX_LINE = 3800  # bytes of the message; a log format's prefix keeps the whole line under 4 KiB
+MAX_LINE = log_records.LINE_LIMIT  # bytes of the message: the status lines' limit
 _MAX_KEY = 240  # characters of one reason
 _MAX_FOREIGN = 400
 
@@ -95,8 +97,8 @@ def stop_thread() -> None:
     _thread, _stop = None, None
 
 
-def after_fork_in_child() -> None:
-    """The parent's thread is gone; its counts are not this process's. Never blocks (no lock taken).
+def after_fork_in_child(inherited: dict[str, dict[str, Any]]) -> None:
+    """The parent's thread is gone; its counts (``inherited``, per patch) are not this process's. Never blocks.
 
     Called by the registry's single fork handler, after it renewed every lock of
     the package and before the child's summary (whose ``ensure_started`` then
@@ -106,12 +108,9 @@ def after_fork_in_child() -> None:
     _lock = threading.Lock()
     _thread, _stop = None, None
     _last.clear()
+    _baseline.clear()
+    _baseline.update(inherited)
     try:
-        from . import registry
-
-        _baseline.clear()
-        for name, c in list(registry._counters.items()):  # the child has one thread: plain reads are safe
-            _baseline[name] = {"fast": c._fast, "fallback": dict(c._fallback), "errors": dict(c._errors)}
         if _started_pid is not None:
             _started_pid = os.getpid()  # the exit handler is inherited; the thread is started again
             _start_thread()
@@ -134,25 +133,22 @@ def records() -> list[dict[str, Any]]:
     from . import registry
 
     out = []
-    st = {p["name"]: p for p in registry.status()["patches"]}
-    snaps = registry.stats()
-    for name, rec in st.items():
-        if rec["state"] != registry.APPLIED:
+    for name, snap in registry.stats().items():  # one foreign-layer scan, with the counts
+        if registry.state(name) != registry.APPLIED:
             continue
-        snap, base = snaps.get(name, {}), _baseline.get(name, {})
+        base = _baseline.get(name, {})
         out.append({
             "pid": os.getpid(),
             "patch": name,
             "fast": snap.get("fast", 0) - base.get("fast", 0),
             "fallback": _minus(snap.get("fallback", {}), base.get("fallback", {})),
             "errors": _minus(snap.get("errors", {}), base.get("errors", {})),
-            "foreign_layers": [layer["text"] for layer in rec.get("foreign_layers", [])],
+            "foreign_layers": list(snap.get("foreign_layers", [])),
         })
     return out
 
 
-def _cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
+_cut = log_records.cut
 
 
 def line(record: dict[str, Any]) -> str:
@@ -163,7 +159,7 @@ def line(record: dict[str, Any]) -> str:
     rec["foreign_layers"] = [_cut(f, _MAX_FOREIGN) for f in rec.get("foreign_layers", [])]
 
     def text() -> str:
-        return MARKER + json.dumps(rec, separators=(",", ":"), default=str)
+        return MARKER + log_records.dumps(rec)
 
     out = text()
     while len(out.encode("utf-8")) > MAX_LINE:
@@ -221,33 +217,21 @@ def _well_shaped(rec: dict[str, Any]) -> bool:
 def scan_stats(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
     """The latest stats record of each (pid, patch) in a log, and how many were skipped for an unexpected shape.
 
-    Like the status reader, every marker on a line is read on its own: a line cut
-    short can run on into another process's whole line. Text that does not parse
-    is ignored; JSON nested too deep to decode, or a record whose fields have
-    the wrong types, is skipped and counted.
+    Read as the status lines are (``log_records.marked``): every marker on a line
+    on its own. JSON nested too deep to decode, or a record whose fields have the
+    wrong types, is skipped and counted.
     """
-    decoder = json.JSONDecoder()
     latest: dict[tuple[int, str], dict[str, Any]] = {}
     odd = 0
-    for text in lines:
-        at = text.find(MARKER)
-        while at >= 0:
-            nxt = text.find(MARKER, at + 1)
-            try:
-                rec, end = decoder.raw_decode(text, at + len(MARKER))
-            except ValueError:
-                rec, end = None, at
-            except RecursionError:
-                rec, end = None, at
+    for rec, too_deep in log_records.marked(lines, MARKER):
+        pid = log_records.int_field(rec, "pid")
+        if too_deep:
+            odd += 1
+        elif pid is not None and isinstance(rec.get("patch"), str):
+            if _well_shaped(rec):
+                latest[(pid, rec["patch"])] = rec
+            else:
                 odd += 1
-            pid = rec.get("pid") if isinstance(rec, dict) else None
-            if (nxt < 0 or end <= nxt) and isinstance(pid, int) and not isinstance(pid, bool) \
-                    and isinstance(rec.get("patch"), str):
-                if _well_shaped(rec):
-                    latest[(pid, rec["patch"])] = rec
-                else:
-                    odd += 1
-            at = nxt
     return list(latest.values()), odd
 
 

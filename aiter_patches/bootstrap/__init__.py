@@ -20,9 +20,6 @@ BOOTSTRAP_DIR = os.path.dirname(os.path.abspath(__file__))
 
 log = logging.getLogger("aiter_patches")
 
-_fork_hook_registered = False
-
-
 class _StderrUntilConfigured(logging.Handler):
     """Writes to stderr only while the root logger has no handler, so lines appear before and never twice after."""
 
@@ -51,16 +48,13 @@ def _make_logs_visible() -> None:
 
 def start(via: str) -> None:
     """Apply every patch in this process now or when AITER is imported; log the summary; never raise."""
-    global _fork_hook_registered
     try:
         _make_logs_visible()
         from .. import process_report, registry
 
         process_report.note_start(via)
         registry.apply()
-        if not _fork_hook_registered:  # the registry's fork handler writes it, after renewing every lock
-            process_report.summary_after_fork = True
-            _fork_hook_registered = True
+        process_report.summary_after_fork = True  # the registry's fork handler writes it, after renewing every lock
     except Exception as exc:
         log.error("aiter_patches: could not apply the patches in process %d (via %s); it runs unpatched: %s: %s",
                   os.getpid(), via, type(exc).__name__, exc)

@@ -1,0 +1,55 @@
+"""JSON records written on log lines after a marker, and read back from a whole server log.
+
+Status lines and stats lines are both written by many processes into one log, where a
+line cut short can run on into another process's whole line and garbage can follow a
+marker. One writer rule (compact JSON under one size limit) and one reader rule (every
+marker on a line read on its own) keep the two kinds of line from drifting apart.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator
+
+# Bytes of one record line. A write of at most PIPE_BUF (4 KiB) to a pipe is atomic, so records
+# from concurrent processes never interleave mid-line; the margin is for a log format's prefix.
+LINE_LIMIT = 3072
+
+
+def dumps(record: Any) -> str:
+    return json.dumps(record, separators=(",", ":"), default=str)
+
+
+def cut(text: Any, n: int) -> Any:
+    """``text`` shortened to ``n`` characters, the last one an ellipsis; anything else as it is."""
+    return text[: n - 1] + "…" if isinstance(text, str) and len(text) > n else text
+
+
+def marked(lines: Iterable[str], marker: str) -> Iterator[tuple[Any, bool]]:
+    """``(value, too_deep)`` for every ``marker`` on every line: the JSON value that follows it.
+
+    Text that does not parse, and a value that runs on into the next marker's text (a record
+    cut short), yield nothing; JSON nested deeper than the decoder can go yields
+    ``(None, True)`` so the caller can count it.
+    """
+    decoder = json.JSONDecoder()
+    for line in lines:
+        at = line.find(marker)
+        while at >= 0:
+            nxt = line.find(marker, at + 1)
+            try:
+                value, end = decoder.raw_decode(line, at + len(marker))
+            except ValueError:
+                pass
+            except RecursionError:
+                yield None, True
+            else:
+                if nxt < 0 or end <= nxt:
+                    yield value, False
+            at = nxt
+
+
+def int_field(record: Any, key: str) -> int | None:
+    """``record[key]`` when ``record`` is a dict and that is a plain int (not a bool), else None."""
+    v = record.get(key) if isinstance(record, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
