@@ -24,7 +24,8 @@ bucket (``TOKEN_BUCKETS``, ``_batch_params``), the token count and the block siz
 arguments (padding is written in a loop of ``PAD_STEP``-wide masked tiles), so one model configuration
 compiles a fixed few variants whatever batch sizes and block sizes a server runs.
 
-Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) take four launches, so that no
+Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) take three launches (four with the
+split-semantics quant, ``launch_count``), so that no
 program counts anything: per chunk of tokens, the expert counts and each pair's rank among the
 chunk's earlier pairs of its expert (a sort of the chunk by expert); an exclusive scan of the
 counts over chunks; the same per-token kernel, now reading those tables (one cumsum over the
@@ -61,6 +62,7 @@ from .fast_launch import launch
 # One launch while each program's redundant count of all pairs stays short; above it three
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
 ONE_LAUNCH_MAX_PAIRS = 2048
+FUSED_QUANT_MAX_PAIRS = 2048  # AITER fuses the stage-1 quant up to 8 * 256 / topk tokens ("auto" semantics)
 CHUNK_PAIRS = 512
 # Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
@@ -548,6 +550,14 @@ def _prev_pow2(n: int) -> int:
     return 1 << max(n.bit_length() - 1, 0)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # host ints: triton.cdiv is a Python call per argument on the launch path
+
+
+def _round_up(a: int, b: int) -> int:
+    return _cdiv(a, b) * b
+
+
 def sort_sizes(num_tokens: int, topk: int, num_experts: int, block_size: int) -> tuple[int, int]:
     """``(max_num_tokens_padded, max_num_m_blocks)`` as AITER allocates them."""
     n = num_tokens * topk + num_experts * block_size - topk
@@ -614,7 +624,7 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
         N = quant_input.shape[1]
         if N % 32 or not 32 <= N <= MAX_MODEL_DIM:
             return f"quant_input width {N} not a multiple of 32 in 32..{MAX_MODEL_DIM}"
-        if (n_sorted + 31) // 32 * 32 * ((N // 32 + 7) // 8 * 8) > INT32_LIMIT:
+        if _round_up(n_sorted, 32) * _round_up(N // 32, 8) > INT32_LIMIT:
             return f"tokens {M} > int32 offset limit (scale buffer)"
         if M * max(quant_input.stride(0), N) > INT32_LIMIT * 2:
             return f"tokens {M} > int32 offset limit (quant input)"
@@ -663,17 +673,17 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     if quant_input is not None:
         N = quant_input.shape[1]
         G = N // 32
-        snp = (G + 7) // 8 * 8
+        snp = _round_up(G, 8)
         fmt = _FP_FORMATS[quant_dtype]
         if quant_semantics == "auto":
-            fused = M * K <= 2048
+            fused = M * K <= FUSED_QUANT_MAX_PAIRS
         elif quant_semantics in ("fused", "split"):
             fused = quant_semantics == "fused"
         else:
             raise ValueError(f"quant_semantics {quant_semantics!r}")
         data_cols = N // 2 if fmt["FP4"] else N
         q_out = _empty(M, data_cols, dtype=quant_dtype, device=dev)
-        s_out = _empty((n_sorted + 31) // 32 * 32, snp, dtype=torch.float8_e8m0fnu, device=dev)
+        s_out = _empty(_round_up(n_sorted, 32), snp, dtype=torch.float8_e8m0fnu, device=dev)
         quant = (q_out, s_out)
         x = quant_input
 
@@ -684,13 +694,12 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     mask_arg = expert_mask if has_mask else topk_ids
     nlt_arg = num_local_tokens if has_nlt else topk_ids
     init = moe_buf_init if moe_buf_init is not None else moe_buf
-    pairs = max(M * K, 1)
-    prescanned = pairs > ONE_LAUNCH_MAX_PAIRS
+    prescanned = _prescanned(M, K)
     pre = tot = ranks = sorted_ids
     chunk_t = 1
     if prescanned:
         chunk_t = max(1, _prev_pow2(CHUNK_PAIRS // K))
-        n_chunks = -(-M // chunk_t)
+        n_chunks = _cdiv(M, chunk_t)
         hist = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         pre = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
         tot = _empty(e_bins, dtype=torch.int32, device=dev)
@@ -724,7 +733,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
-        D_SPLIT=-(-(-(-model_dim // split)) // 16) * 16,  # cdiv(cdiv(D, split), 16) * 16 in host ints
+        D_SPLIT=_round_up(_cdiv(model_dim, split), 16),
         PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales,
         num_warps=4 if qg * 32 <= WIDE_ROW_ELEMS else 8,
     )
@@ -734,11 +743,17 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
 
 
+def _prescanned(M: int, K: int) -> bool:
+    """Whether a batch takes the launches that build the rank tables first (more than
+    ``ONE_LAUNCH_MAX_PAIRS`` routing pairs) instead of the one-launch path."""
+    return max(M * K, 1) > ONE_LAUNCH_MAX_PAIRS
+
+
 def _bucket_tokens(M: int, K: int) -> int:
     """The ceiling of ``M``'s bucket in ``TOKEN_BUCKETS``, within the launch path ``M`` takes (the
     one-launch path ends at ``ONE_LAUNCH_MAX_PAIRS // K`` tokens); never below ``M``."""
     m_b = next((b for b in TOKEN_BUCKETS if b >= M), max(M, 1))
-    if max(M * K, 1) <= ONE_LAUNCH_MAX_PAIRS:
+    if not _prescanned(M, K):
         m_b = max(min(m_b, ONE_LAUNCH_MAX_PAIRS // K), M, 1)
     return m_b
 
@@ -756,7 +771,7 @@ def _batch_params(M: int, K: int, e_bins: int, k_pad: int, g_pad: int, quant: bo
     split = max(1, min(max(_prev_pow2(max(ROW_SPLIT_PROGRAMS // m_b, 1)), MIN_ROW_SPLIT),
                        max(g_pad // 16, 1) if quant else max(model_dim // 1024, 1)))
     g_tile = g_pad // split if quant else 1
-    prescanned = max(M * K, 1) > ONE_LAUNCH_MAX_PAIRS
+    prescanned = _prescanned(M, K)
     return dict(split=split, G_TILE=g_tile, QG=min(g_tile, QUANT_GROUPS),
                 **_sort_params(m_b * K, e_bins, k_pad, prescanned))
 
@@ -781,7 +796,7 @@ def decode_path(num_tokens: int, topk: int) -> str:
     """Which one-launch position method a call of this size takes (chosen for its token bucket):
     "sort", "compare", "count" (per-program expert count over all bins) or "prescanned" (four
     launches)."""
-    if max(num_tokens * topk, 1) > ONE_LAUNCH_MAX_PAIRS:
+    if _prescanned(num_tokens, topk):
         return "prescanned"
     pairs_b = _bucket_tokens(num_tokens, topk) * topk
     return ("count", "sort", "compare")[_sort_params(pairs_b, 2, 1, False)["DECODE"]]
@@ -793,6 +808,8 @@ def _count_params(pairs: int, e_bins: int) -> dict:
     if chunk * e_bins <= TILE:
         return dict(COUNT_CHUNK=max(chunk, 2), USE_HIST=False)
     return dict(COUNT_CHUNK=min(chunk, 1024), USE_HIST=True)
+
+
 def launch_count(num_tokens: int, topk: int, quant: bool, fused: bool) -> int:
     """Kernels :func:`moe_sort_mx_quant` launches (``fused``: the quant's resolved semantics)."""
-    return 1 if max(num_tokens * topk, 1) <= ONE_LAUNCH_MAX_PAIRS else 3 + (quant and not fused)
+    return 3 + (quant and not fused) if _prescanned(num_tokens, topk) else 1
