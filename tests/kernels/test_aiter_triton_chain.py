@@ -3,8 +3,8 @@
 The H200 benchmark times that chain next to the patched kernel; here, on CPU, its imports must
 resolve from a bare AITER tree (no ``aiter/__init__.py``) and the chain must run in the
 interpreter at a tiny size, its sort matching the reference sort contract. The tree comes from
-``AITER_SRC`` (a folder holding ``aiter/`` or the package itself) or the fixture tarball; the
-test runs in a subprocess because the loader registers ``aiter.*`` modules.
+``AITER_PATCHES_TEST_AITER_SRC`` or the fixture tarball (``helpers.aiter_tree``); the test runs
+in a subprocess because the loader registers ``aiter.*`` modules.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+from helpers.aiter_tree import aiter_part
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURE = "aiter-e4048607a5.tar.xz"
 
 SCRIPT = r"""
 import sys, torch
@@ -42,16 +41,8 @@ print("chain ok")
 
 
 def _aiter_tree(tmp_path: Path) -> Path:
-    if os.environ.get("AITER_SRC"):
-        return Path(os.environ["AITER_SRC"])
-    for shared in (REPO.parent / "shared", REPO.parent.parent / "shared"):
-        tarball = shared / "fixtures" / FIXTURE
-        if tarball.is_file():
-            with tarfile.open(tarball) as tf:
-                members = [m for m in tf.getmembers() if m.name.startswith("./aiter/ops/triton/")]
-                tf.extractall(tmp_path, members=members, filter="data")
-            return tmp_path / "aiter"
-    pytest.skip(f"no AITER tree: set AITER_SRC or provide ../shared/fixtures/{FIXTURE}")
+    root = aiter_part(tmp_path, lambda p: p[:3] == ("aiter", "ops", "triton"), "aiter/ops/triton")
+    return root / "aiter"
 
 
 def test_aiter_triton_chain_loads_and_sorts(tmp_path):

@@ -30,6 +30,7 @@ from aiter_patches import Patch, Pin, Target, registry  # noqa: E402
 from aiter_patches.testing import use_stub_aiter  # noqa: E402
 from bindings import Bindings, names  # noqa: E402
 from helpers import registry_view  # noqa: E402
+from helpers.polling import wait_until  # noqa: E402
 
 CHILD_TIMEOUT_S = float(os.environ.get("LIFECYCLE_CHILD_TIMEOUT_S", "60"))
 
@@ -54,15 +55,6 @@ def inactive() -> dict[str, str]:
 
 def everything() -> dict[str, str]:
     return registry_view.expected_on_stand_in()
-
-
-def wait_until(predicate, timeout=30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 def states() -> dict[str, str]:

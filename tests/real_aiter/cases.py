@@ -24,17 +24,15 @@ TUNED_MXFP4 = dict(model_dim=3072, inter_dim=256, experts=256, topk=8)
 TUNED_MXFP8 = dict(model_dim=6144, inter_dim=512, experts=257, topk=9)
 
 SORT_ONLY_NOTHING_SAVED = "sort only, nothing saved"
-# A case may carry xfail=<reason> (the tests mark it non-strict). The 0-token cases did, for issue 14
-# item 10 (patched and unpatched raised different exception types), until that was mended on main.
 
 
 def _case(name, *, quant="mxfp4", tokens=1, experts=8, topk=2, model_dim=256, inter_dim=256, activation="Silu",
           gate_mode="separated", shuffled=False, ep=False, num_local_tokens=None, addend=False, extension=False,
-          a1_scale=False, tuned=False, gfx=("gfx942", "gfx950"), expect="quant", reason=None, xfail=None):
+          a1_scale=False, tuned=False, gfx=("gfx942", "gfx950"), expect="quant", reason=None):
     return dict(name=name, quant=quant, tokens=tokens, experts=experts, topk=topk, model_dim=model_dim,
                 inter_dim=inter_dim, activation=activation, gate_mode=gate_mode, shuffled=shuffled, ep=ep,
                 num_local_tokens=num_local_tokens, addend=addend, extension=extension, a1_scale=a1_scale,
-                tuned=tuned, gfx=list(gfx), expect=expect, reason=reason, xfail=xfail)
+                tuned=tuned, gfx=list(gfx), expect=expect, reason=reason)
 
 
 def cases() -> list[dict]:

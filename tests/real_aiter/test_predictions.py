@@ -13,9 +13,7 @@ OUTCOME = {"quant fp4": "quant", "quant fp8": "quant", "sort only": "sort", "AIT
 def _params():
     for pattern, name, outcome, _why in PREDICTIONS:
         for gfx in BY_NAME[name]["gfx"]:
-            c = BY_NAME[name]
-            marks = [pytest.mark.xfail(reason=c["xfail"], strict=False)] if c["xfail"] else []
-            yield pytest.param(c, gfx, outcome, id=f"{gfx}-{name}", marks=marks)
+            yield pytest.param(BY_NAME[name], gfx, outcome, id=f"{gfx}-{name}")
 
 
 @pytest.mark.parametrize("case,gfx,outcome", list(_params()))

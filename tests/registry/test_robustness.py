@@ -10,13 +10,13 @@ import importlib.util
 import logging
 import sys
 import threading
-import time
 import types
 
 import pytest
 import wrapt
 
 import aiter_patches
+from helpers.polling import wait_until
 from aiter_patches import Patch, PatchSkipped, Pin, Target, registry
 from aiter_patches.testing import use_stub_aiter
 from helpers import registry_view
@@ -284,15 +284,6 @@ def slow_module(lib, tmp_path):
     sys.modules.pop(gate.__name__, None)
 
 
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 @pytest.mark.parametrize("strict", [False, True])
 def test_apply_during_another_threads_import_applies_once_it_completes(slow_module, strict):
     pkg, gate = slow_module
@@ -313,7 +304,7 @@ def test_apply_during_another_threads_import_applies_once_it_completes(slow_modu
     t.join(30)
     assert not t.is_alive() and not errors
     slow = sys.modules[f"{pkg}.slow"]
-    assert wait_for(lambda: state("t_slow")["state"] == "applied"), state("t_slow")
+    assert wait_until(lambda: state("t_slow")["state"] == "applied"), state("t_slow")
     assert slow.target(1) == ("S", ("slow", 1, 1))
     registry.revert()
     assert slow.target(1) == ("slow", 1, 1)
@@ -333,7 +324,7 @@ def test_an_import_in_flight_that_fails_leaves_the_patch_pending_for_the_retry(s
     gate.proceed.set()
     t.join(30)
     assert errors and f"{pkg}.slow" not in sys.modules
-    assert wait_for(lambda: not registry._watches.get(f"{pkg}.slow") or all(
+    assert wait_until(lambda: not registry._watches.get(f"{pkg}.slow") or all(
         w.kind == "missing" for w in registry._watches[f"{pkg}.slow"]))
     assert state("t_slow")["state"] == "pending"
     path.write_text(SLOW_MODULE.format(gate=gate.__name__))

@@ -9,7 +9,6 @@ The one file the tests need, ``sglang/kernels/ops/moe/moe_sorting_small.py``, im
 other modules are empty stand-ins (``is_gfx95_supported`` returns True unless ``FAKE_GFX95=0``).
 """
 
-import os
 import sys
 import zipfile
 from contextlib import contextmanager
@@ -31,25 +30,12 @@ def is_gfx95_supported():
 '''
 
 
-def _cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "aiter_patches" / "wheels" / WHEEL_NAME
-
-
 @pytest.fixture(scope="session")
 def sglang_wheel() -> Path:
-    given = os.environ.get(ENV)
-    if given:
-        path = Path(given)
-        if not path.is_file():
-            pytest.fail(f"{ENV}={given} does not exist (.ci/run should have downloaded it)")
-        return path
-    path = _cache_path()
-    if not path.is_file():
-        pytest.skip(f"the SGLang wheel is not here: run .ci/run, or `pip download --no-deps --only-binary=:all: "
-                    f"--python-version 3.11 --platform manylinux_2_34_x86_64 sglang==0.5.23 -d {path.parent}` "
-                    f"(or set {ENV})")
-    return path
+    from helpers.wheels import cached_wheel  # here: a subprocess imports this module without tests/ on its path
+
+    return cached_wheel(WHEEL_NAME, ENV, "--no-deps --only-binary=:all: --python-version 3.11 --implementation cp "
+                                         "--abi cp311 --platform manylinux_2_34_x86_64 sglang==0.5.23")
 
 
 @pytest.fixture(scope="session")
