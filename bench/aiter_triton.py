@@ -143,5 +143,7 @@ def chain(ops, ids, x, num_experts: int, block_size: int, model_dim: int):
     M, K = ids.shape
     sorted_ids, expert_ids, post_pad = sort(ops, ids, num_experts, block_size)
     moe_buf = torch.zeros(M, model_dim, dtype=torch.bfloat16, device=ids.device)
-    q = ops.fused_dynamic_mxfp4_quant_moe_sort(x, sorted_ids, post_pad, M, K, block_size=block_size)
+    # topk=1: this Triton quant reads row ``token * topk + slot`` of its input when topk > 1 (stage 2's
+    # per-pair activations); stage 1 quantizes the hidden states, one row per token.
+    q = ops.fused_dynamic_mxfp4_quant_moe_sort(x, sorted_ids, post_pad, M, 1, block_size=block_size)
     return sorted_ids, expert_ids, post_pad, moe_buf, q

@@ -35,7 +35,11 @@ for M, K, E, B in ((3, 4, 16, 32), (2, 2, 8, 64)):
     assert int(post_pad[0]) == n, (int(post_pad[0]), n)
     assert torch.equal(sid[:n], r_ids[:n]) and torch.equal(eids[: n // B], r_e[: n // B])
     assert q.shape == (M, 128) and q.dtype == torch.float4_e2m1fn_x2 and not buf.any()
-    assert s.dtype == torch.float8_e8m0fnu and s.shape[1] == 8  # bytes not compared (design.md)
+    assert s.dtype == torch.float8_e8m0fnu and s.shape[1] == 8  # bytes not compared with AITER's HIP (design.md)
+    # the sorted scales are those of each pair's token: the same quant fed one row per pair agrees
+    per_pair = ops.fused_dynamic_mxfp4_quant_moe_sort(x.repeat_interleave(K, 0), sid, post_pad, M, K,
+                                                      block_size=B)[1]
+    assert torch.equal(s.view(torch.uint8)[:n], per_pair.view(torch.uint8)[:n])
 print("chain ok")
 """
 
