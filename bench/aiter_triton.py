@@ -138,12 +138,19 @@ def sort(ops, ids: torch.Tensor, num_experts: int, block_size: int):
     return sorted_ids, expert_ids, post_pad
 
 
+def stage1_quant(ops, x, sorted_ids, post_pad, block_size: int):
+    """AITER's Triton MXFP4 sort-quant of the hidden states, scales in sorted order.
+
+    It is given topk=1: with topk > 1 that kernel reads row ``token * topk + slot`` of its input
+    (stage 2's per-pair activations), past the end of the hidden states' one row per token.
+    """
+    return ops.fused_dynamic_mxfp4_quant_moe_sort(x, sorted_ids, post_pad, x.shape[0], 1, block_size=block_size)
+
+
 def chain(ops, ids, x, num_experts: int, block_size: int, model_dim: int):
     """The whole chain: sort, ``moe_buf`` zero-fill, MXFP4 quant with the scales in sorted order."""
     M, K = ids.shape
     sorted_ids, expert_ids, post_pad = sort(ops, ids, num_experts, block_size)
     moe_buf = torch.zeros(M, model_dim, dtype=torch.bfloat16, device=ids.device)
-    # topk=1: this Triton quant reads row ``token * topk + slot`` of its input when topk > 1 (stage 2's
-    # per-pair activations); stage 1 quantizes the hidden states, one row per token.
-    q = ops.fused_dynamic_mxfp4_quant_moe_sort(x, sorted_ids, post_pad, M, 1, block_size=block_size)
+    q = stage1_quant(ops, x, sorted_ids, post_pad, block_size)
     return sorted_ids, expert_ids, post_pad, moe_buf, q

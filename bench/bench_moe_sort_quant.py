@@ -120,7 +120,7 @@ class Row:
     def aiter(self, ops) -> tuple[float, float]:
         from bench import aiter_triton
 
-        E, K, N, M = self.E, self.K, self.N, self.M
+        E, N = self.E, self.N
 
         def chain(i):
             ids, w, x = self.sets[i % SETS]
@@ -130,8 +130,7 @@ class Row:
 
         def quant(i):
             sid, _, post_pad = sorted_sets[i % SETS]
-            ops.fused_dynamic_mxfp4_quant_moe_sort(self.sets[i % SETS][2], sid, post_pad, M, K,
-                                                   block_size=BLOCK)
+            aiter_triton.stage1_quant(ops, self.sets[i % SETS][2], sid, post_pad, BLOCK)
 
         calls = max(self.calls // 2, 4)
         return self.timer(chain, calls), self.timer(quant, calls)
