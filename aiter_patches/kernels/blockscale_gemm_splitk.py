@@ -27,12 +27,13 @@ the split count must pass AITER's own alignment check (`valid_split`).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .fast_launch import launch
+from .fast_launch import Prepared, launch
 from .rounding import f32_to_bf16_rne  # the same bits on every backend (see rounding.py)
 
 SCALE_BLOCK = 128
@@ -45,6 +46,7 @@ MAX_SPLITS = 16
 # patch hands it back to AITER (counted) rather than allocate, e.g., 1.6 GB at
 # M=4096, N=24576, 4 splits.
 MAX_WORKSPACE_BYTES = 256 << 20
+_empty = torch.empty  # the workspace allocation goes through here (tests replay it)
 
 
 @triton.jit
@@ -255,7 +257,12 @@ def _stream_key(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return -1, 0
     index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream is not None:  # the same handle as current_stream(device).cuda_stream, without a Stream object
+        return index, _raw_stream(index)
     return index, torch.cuda.current_stream(device).cuda_stream
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -294,15 +301,30 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
     N = B.shape[0]
     if M == 0:
         return out
+    if workspace_bytes(M, N, splits) <= MAX_WORKSPACE_BYTES:  # one launch: its prepared plan
+        key = (M, N, K, splits, bool(b_preshuffled), bool(zero_out), A.stride(0), out.stride(0),
+               A_scale.stride(0), A_scale.stride(1), B_scale.stride(0), B_scale.stride(1), id(_blockscale_gemm_kernel))
+        plan = _plans.get(key)
+        if plan is None:
+            plan = _make_plan(key)
+            if len(_plans) < MAX_PLANS:
+                _plans[key] = plan
+        if splits > 1:
+            if zero_out:
+                out.zero_()
+            ws = _empty(plan.ws_numel, dtype=torch.float32, device=A.device)
+            cnt = _tile_counters(A.device, plan.counters)
+        else:
+            ws = cnt = out  # unused by the kernel when SPLITS == 1
+        _run(plan.launch, A, B, out, A_scale, B_scale, ws, cnt)
+        return out
     cfg = block_config(M)
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    rows = M  # rows per launch: whole row blocks whose partials fit MAX_WORKSPACE_BYTES
-    if workspace_bytes(M, N, splits) > MAX_WORKSPACE_BYTES:
-        rows = max(MAX_WORKSPACE_BYTES // workspace_bytes(1, N, splits) // block_m, 1) * block_m
-    if splits > 1:
+    rows = max(MAX_WORKSPACE_BYTES // workspace_bytes(1, N, splits) // block_m, 1) * block_m
+    if splits > 1:  # always here: one split needs no workspace
         if zero_out:
             out.zero_()
-        ws = torch.empty(splits * rows * N, dtype=torch.float32, device=A.device)
+        ws = _empty(splits * rows * N, dtype=torch.float32, device=A.device)
         cnt = _tile_counters(A.device, -(-rows // block_m) * (N // block_n))
     for m0 in range(0, M, rows):
         m = min(rows, M - m0)
@@ -318,3 +340,42 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     return out
+
+
+# ------------------------------------------------------------------ the per-shape plan (one-launch calls)
+
+MAX_PLANS = 1024  # distinct call shapes kept; past it plans are made per call (same launch)
+_plans: dict[tuple, "_GemmPlan"] = {}
+_fast_launch = launch  # _run goes through Prepared while ``launch`` is this one
+
+
+class _GemmPlan(NamedTuple):
+    """What a one-launch call derives from its shape: workspace and counter sizes and the prepared
+    launch. Python values only (never a tensor)."""
+
+    ws_numel: int
+    counters: int
+    launch: Prepared
+    kernel: object  # the kernel the key names by id, kept alive so the id is not reused
+
+
+def _run(prep: Prepared, *tensors) -> None:
+    """The prepared launch; through ``launch`` itself when that was replaced (tests replay launches)."""
+    if launch is _fast_launch:
+        prep(*tensors)
+    else:
+        args, kwargs = prep.call_args(tensors)
+        launch(prep.fn, prep.grid, *args, **kwargs)
+
+
+def _make_plan(key: tuple) -> _GemmPlan:
+    M, N, K, splits, b_preshuffled, zero_out, s_am, s_om, s_asm, s_ask, s_bsn, s_bsk, _ = key
+    cfg = block_config(M)
+    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    args = (None,) * 7 + (M, N, K // SCALE_BLOCK, k_tiles_per_split(K, splits), M * N,
+                          s_am, s_om, s_asm, s_ask, s_bsn, s_bsk)
+    prep = Prepared(_blockscale_gemm_kernel, ((N // block_n) * splits, -(-M // block_m)), tuple(range(7)), args, dict(
+        SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
+        B_PRESHUFFLED=b_preshuffled, ACCUMULATE=bool(splits > 1 or not zero_out),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    return _GemmPlan(splits * M * N, -(-M // block_m) * (N // block_n), prep, _blockscale_gemm_kernel)

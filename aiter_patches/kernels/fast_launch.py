@@ -373,8 +373,11 @@ def _hook_idle(h) -> bool:
     return h is None or (hasattr(h, "calls") and not h.calls)
 
 
-def launch(fn, grid, *args, **kwargs) -> None:
-    """``fn[grid](*args, **kwargs)``, through the kept compiled kernel when that is provably the same."""
+def launch(fn, grid, *args, **kwargs):
+    """``fn[grid](*args, **kwargs)``, through the kept compiled kernel when that is provably the same.
+
+    Returns the compiled kernel when it is the one kept for this call's full key (a direct launch,
+    or the ordinary launch that just kept it), else None (:class:`Prepared` keeps only those)."""
     if torch.compiler.is_compiling():  # first: Dynamo folds it and traces Triton's own launch
         fn[grid](*args, **kwargs)
         return
@@ -382,31 +385,28 @@ def launch(fn, grid, *args, **kwargs) -> None:
     st = entry[1] if entry is not None and entry[0] is fn else _kernel_state(fn)
     if st is None:
         fn[grid](*args, **kwargs)
-        return
+        return None
     m = _mode_override or _mode_cached or mode()
     rt = _knobs.runtime
     if (m == "off" or type(grid) is not tuple or fn.pre_run_hooks
             or not _hook_idle(rt.launch_enter_hook) or not _hook_idle(rt.launch_exit_hook)
             or getattr(rt, "add_stages_inspection_hook", None) is not None):
-        _ordinary(fn, grid, args, kwargs, None, None)
-        return
+        return _ordinary(fn, grid, args, kwargs, None, None)
     try:
         values, opts = st.pack(*args, **kwargs)
     except TypeError:
         fn[grid](*args, **kwargs)  # Triton reports the bad call in its own words
-        return
+        return None
     types = tuple(map(type, st.get_runtime(values)))
     lay = st.layouts.get(types) or st.layout(types)
     if lay is None:
-        _ordinary(fn, grid, args, kwargs, None, None)
-        return
+        return _ordinary(fn, grid, args, kwargs, None, None)
     drv = _driver.active
     device = drv.get_current_device()
     compiled, native, spec = st.devices.get(device) or st.device_state(device)
     if not native and spec is None:  # the backend's specialization cannot be reproduced here
         _counts["backend_refused"] += 1
-        _ordinary(fn, grid, args, kwargs, None, None)
-        return
+        return _ordinary(fn, grid, args, kwargs, None, None)
 
     launch_values = values.copy()
     dtypes, aligned = lay.unpack(values, launch_values, None if native else spec)
@@ -416,11 +416,9 @@ def launch(fn, grid, *args, **kwargs) -> None:
     try:
         kernel = compiled.get(key)
     except TypeError:  # an unhashable constexpr value
-        _ordinary(fn, grid, args, kwargs, None, None)
-        return
+        return _ordinary(fn, grid, args, kwargs, None, None)
     if kernel is None or (fn.used_global_vals and not _globals_unchanged(fn)):
-        _ordinary(fn, grid, args, kwargs, compiled, key)
-        return
+        return _ordinary(fn, grid, args, kwargs, compiled, key)
     if m == "verify":
         expected = fn.run(*args, grid=grid, warmup=True, **kwargs)
         expected = expected.result() if hasattr(expected, "result") else expected
@@ -432,6 +430,7 @@ def launch(fn, grid, *args, **kwargs) -> None:
     kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, kernel.function,
                kernel.packed_metadata, None, rt.launch_enter_hook, rt.launch_exit_hook, *launch_values)
     _counts["direct"] += 1
+    return kernel
 
 
 def _globals_unchanged(fn) -> bool:
@@ -443,11 +442,11 @@ def _globals_unchanged(fn) -> bool:
     return True
 
 
-def _ordinary(fn, grid, args, kwargs, compiled, key) -> None:
+def _ordinary(fn, grid, args, kwargs, compiled, key):
     kernel = fn[grid](*args, **kwargs)
     _counts["ordinary"] += 1
     if compiled is None or key is None:
-        return
+        return None
     if hasattr(kernel, "result"):
         kernel = kernel.result()
     if all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
@@ -455,3 +454,134 @@ def _ordinary(fn, grid, args, kwargs, compiled, key) -> None:
             if len(compiled) < MAX_VARIANTS and key not in compiled:
                 compiled[key] = kernel
                 _counts["compiled_variants"] += 1
+            if compiled.get(key) is kernel:
+                return kernel
+    return None
+
+
+# ------------------------------------------------------------------ prepared launches
+
+class Prepared:
+    """One launch whose grid and non-tensor arguments are fixed: ``prep(*tensors)`` is
+    ``launch(fn, grid, *args, **kwargs)`` with the tensors put in their places.
+
+    Why: a kernel API that caches its per-shape plan (sizes, grid, constexprs) would still pay
+    :func:`launch`'s argument binding and full-key build on every call (a few µs for a
+    50-parameter kernel). Here all of that is done once; a call reads, per tensor, only what the
+    key reads of it (type, dtype, 16-byte alignment, and the backend's own specialization when it
+    has one) plus the device, the debug flags and the knobs, and keeps the compiled kernel under
+    those alone: the fixed arguments are the same by construction. The first call of each such
+    key, and every call the fast path cannot prove (hooks, verify/off mode, torch.compile, the
+    interpreter, changed globals), goes through :func:`launch` itself, which decides exactly as it
+    does for any call; only a kernel :func:`launch` returns (kept for the full key) is kept here.
+    Holds Python scalars, dtypes and compiled kernels: never a tensor.
+    """
+
+    __slots__ = ("fn", "grid", "args", "kwargs", "tensor_at", "_st", "_unpack", "_go", "_kernels")
+
+    def __init__(self, fn, grid: tuple, tensor_at: tuple[int, ...], args: tuple, kwargs: dict):
+        """``args`` with ``None`` at the positions ``tensor_at`` (filled per call, in that order)."""
+        self.fn, self.grid, self.tensor_at = fn, tuple(grid), tuple(tensor_at)
+        self.args, self.kwargs = tuple(args), dict(kwargs)
+        fixed = [v for i, v in enumerate(self.args) if i not in self.tensor_at] + list(self.kwargs.values())
+        if any(isinstance(v, torch.Tensor) for v in fixed):
+            raise TypeError("Prepared: a tensor among the fixed arguments (pass it per call, through tensor_at)")
+        self._kernels: dict[tuple, Any] = {}
+        self._st = self._unpack = self._go = None
+        if torch.compiler.is_compiling():
+            return
+        entry = _kernels.get(id(fn))
+        st = entry[1] if entry is not None and entry[0] is fn else _kernel_state(fn)
+        if st is None or type(self.grid) is not tuple or not 1 <= len(self.grid) <= 3:
+            return
+        marks = [object() for _ in self.tensor_at]
+        args_ = list(self.args)
+        for m, pos in zip(marks, self.tensor_at):
+            args_[pos] = m
+        try:
+            values, opts = st.pack(*args_, **self.kwargs)
+        except TypeError:
+            return  # launch() lets Triton report the bad call
+        where = {id(v): i for i, v in enumerate(values)}
+        params = [where.get(id(m)) for m in marks]
+        if None in params or len(set(params)) != len(params):
+            return
+        others = [v for i, v in enumerate(values) if i not in params]
+        if not all(type(v) in (int, bool, float, type(None), str) or _is_dtype(v) for v in others):
+            return  # a value whose keying launch() would refuse: always through launch()
+        self._st = st
+        self._unpack, self._go = _make_prepared_code(values, params)
+
+    def call_args(self, tensors) -> tuple[list, dict]:
+        """The ``(args, kwargs)`` of the equivalent ``launch(fn, grid, *args, **kwargs)``."""
+        args = list(self.args)
+        for pos, t in zip(self.tensor_at, tensors):
+            args[pos] = t
+        return args, self.kwargs
+
+    def __call__(self, *tensors) -> None:
+        st = self._st
+        m = _mode_override or _mode_cached or mode()
+        if st is None or m != "on" or torch.compiler.is_compiling():
+            return self._through_launch(tensors, None)
+        fn = self.fn
+        rt = _knobs.runtime
+        if (fn.pre_run_hooks or not _hook_idle(rt.launch_enter_hook) or not _hook_idle(rt.launch_exit_hook)
+                or getattr(rt, "add_stages_inspection_hook", None) is not None):
+            return self._through_launch(tensors, None)
+        drv = _driver.active
+        device = drv.get_current_device()
+        compiled, native, spec = st.devices.get(device) or st.device_state(device)
+        dyn, ptrs = self._unpack(None if native else spec, *tensors)
+        key = (device, dyn, fn.debug, rt.debug,
+               tuple(getattr(_knobs.compilation, k, None) for k in st.knob_reads) if st.knob_reads else ())
+        kernel = self._kernels.get(key)
+        if kernel is None or (fn.used_global_vals and not _globals_unchanged(fn)):
+            return self._through_launch(tensors, key)
+        self._go(kernel.run, self.grid, drv.get_current_stream(device), kernel.function, kernel.packed_metadata,
+                 rt.launch_enter_hook, rt.launch_exit_hook, ptrs)
+        _counts["direct"] += 1
+        return None
+
+    def _through_launch(self, tensors, key) -> None:
+        args, kwargs = self.call_args(tensors)
+        kernel = launch(self.fn, self.grid, *args, **kwargs)
+        if key is not None and kernel is not None and len(self._kernels) < 64:
+            self._kernels[key] = kernel
+        return None
+
+
+def _is_dtype(v) -> bool:
+    return isinstance(v, torch.dtype) or type(v).__name__ == "dtype"
+
+
+def _make_prepared_code(values: list, params: list[int]):
+    """``unpack(spec, *tensors) -> (key part, launcher values of the tensors)`` and
+    ``go(run, grid, stream, function, metadata, enter, exit, ptrs)``, straight-line for these
+    positions; ``go`` hands the launcher every argument in parameter order, as :func:`launch` does."""
+    n = len(params)
+    ts = ", ".join(f"t{j}" for j in range(n))
+    lines = [f"def unpack(spec{', ' if n else ''}{ts}):"]
+    for j in range(n):
+        lines.append(f"    p{j} = t{j}.data_ptr()")
+    key = ", ".join(f"type(t{j}), t{j}.dtype, not p{j} & 15" for j in range(n))
+    ptrs = ", ".join(f"p{j} if t{j}.is_cuda else t{j}" for j in range(n))
+    extra = ", ".join(f"spec(t{j}, align=True)" for j in range(n))
+    c = "," if n else ""
+    lines += ["    if spec is None:", f"        return ({key}{c}), ({ptrs}{c})",
+              f"    return ({key}{c} {extra}{c}), ({ptrs}{c})"]
+    ns: dict[str, Any] = {}
+    slot = {p: j for j, p in enumerate(params)}
+    argv = []
+    for i, v in enumerate(values):
+        if i in slot:
+            argv.append(f"P[{slot[i]}]")
+        else:
+            ns[f"c{i}"] = v
+            argv.append(f"c{i}")
+    lines += ["def go(run, grid, stream, function, meta, enter, exit_, P):",
+              "    n = len(grid)",
+              "    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, meta, None,",
+              f"        enter, exit_{', ' if argv else ''}{', '.join(argv)})"]
+    exec("\n".join(lines) + "\n", ns)  # noqa: S102 - generated from integer positions only
+    return ns["unpack"], ns["go"]

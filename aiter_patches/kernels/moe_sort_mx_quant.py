@@ -57,7 +57,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .fast_launch import launch
+from .fast_launch import Prepared, launch
+
+_fast_launch = launch  # _run goes through Prepared while ``launch`` is this one
 
 # One launch while each program's redundant count of all pairs stays short; above it three
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
@@ -652,26 +654,111 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         raise ValueError("moe_buf_init needs zero_moe_buf=True")
     M, K = topk_ids.shape
     dev = topk_ids.device
-    n_sorted, n_blocks = sort_sizes(M, K, num_experts, block_size)
-    sorted_ids = _empty(n_sorted, dtype=torch.int32, device=dev)
-    sorted_weights = _empty(n_sorted, dtype=torch.float32, device=dev)
-    sorted_expert_ids = _empty(n_blocks, dtype=torch.int32, device=dev)
+    zero_moe_buf = bool(zero_moe_buf)
+    if moe_buf is None:  # AITER's [M, model_dim] buffer, or its (0, 0) placeholder when it does not zero
+        moe_buf = (_empty(M, model_dim, dtype=moebuf_dtype, device=dev) if zero_moe_buf
+                   else _empty(0, 0, dtype=moebuf_dtype, device=dev))
+    init = moe_buf_init if moe_buf_init is not None else moe_buf
+    quant = quant_input is not None
+    x = quant_input if quant else topk_weights
+    key = (M, K, num_experts, model_dim, block_size, dev, expert_mask is not None, num_local_tokens is not None,
+           quant, quant_dtype if quant else None, quant_input.shape[1] if quant else 0, x.stride(0),
+           moe_buf_init is not None, init.stride(0) if init.dim() == 2 else 0, zero_moe_buf, quant_semantics,
+           id(_sort_quant_kernel), id(_chunk_rank_kernel), id(_chunk_scan_kernel), id(_scale_tiles_kernel),
+           _tunables())  # kernels by id (a JITFunction's hash is Python code): the plan keeps them alive
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _make_plan(key)
+        if len(_plans) < MAX_PLANS:
+            _plans[key] = plan
+    sorted_ids = _empty(plan.n_sorted, dtype=torch.int32, device=dev)
+    sorted_weights = _empty(plan.n_sorted, dtype=torch.float32, device=dev)
+    sorted_expert_ids = _empty(plan.n_blocks, dtype=torch.int32, device=dev)
     num_valid_ids = _empty(2, dtype=torch.int32, device=dev)
+    q_u8 = s_u8 = sorted_weights
+    out_quant = None
+    if quant:
+        q_out = _empty(M, plan.data_cols, dtype=quant_dtype, device=dev)
+        s_out = _empty(plan.scale_rows, plan.snp, dtype=torch.float8_e8m0fnu, device=dev)
+        out_quant = (q_out, s_out)
+        q_u8, s_u8 = q_out.view(torch.uint8), s_out.view(torch.uint8)
+    mask_arg = expert_mask if expert_mask is not None else topk_ids
+    nlt_arg = num_local_tokens if num_local_tokens is not None else topk_ids
+    pre = tot = ranks = compact = sorted_ids
+    if plan.rank is not None:
+        hist = _empty(plan.n_chunks, plan.e_bins, dtype=torch.int32, device=dev)
+        pre = _empty(plan.n_chunks, plan.e_bins, dtype=torch.int32, device=dev)
+        tot = _empty(plan.e_bins, dtype=torch.int32, device=dev)
+        ranks = _empty(M * K, dtype=torch.int32, device=dev)
+        _run(plan.rank, topk_ids, mask_arg, nlt_arg, hist, ranks)
+        _run(plan.scan, hist, pre, tot)
+    if plan.tiles is not None:  # large split-semantics batches: compact [M, G] scales, then the sorted rows
+        compact = _empty(M, plan.G, dtype=torch.uint8, device=dev)
+    _run(plan.sort, topk_ids, topk_weights, mask_arg, nlt_arg, sorted_ids, sorted_weights, sorted_expert_ids,
+         num_valid_ids, x, q_u8, s_u8, moe_buf, init, pre, tot, ranks, compact)
+    if plan.tiles is not None:
+        _run(plan.tiles, sorted_ids, num_valid_ids, compact, s_u8)
+    return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, out_quant)
 
-    if zero_moe_buf:
-        if moe_buf is None:
-            moe_buf = _empty(M, model_dim, dtype=moebuf_dtype, device=dev)
-        buf_mode = 2 if moe_buf_init is not None else 1
+
+# ------------------------------------------------------------------ the per-shape plan
+
+MAX_PLANS = 1024  # distinct call shapes kept; past it plans are made per call (same launches)
+_plans: dict[tuple, "_SortPlan"] = {}
+
+
+def _tunables() -> tuple:
+    """The module constants a plan is derived from (benchmarks and tests change them)."""
+    return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_COMPARE_MAX_PAIRS,
+            DECODE_MIN_PAIRS_PAD, DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
+            SCALE_TILE_BYTES, QUANT_GROUPS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
+
+
+class _SortPlan(NamedTuple):
+    """Everything :func:`moe_sort_mx_quant` derives from a call's shape: allocation sizes and the
+    prepared launches (grid, scalars, constexprs). Python values only: never a tensor, so a plan
+    first made during a CUDA-graph capture holds nothing of it."""
+
+    n_sorted: int
+    n_blocks: int
+    data_cols: int
+    scale_rows: int
+    snp: int
+    G: int
+    n_chunks: int
+    e_bins: int
+    rank: Prepared | None
+    scan: Prepared | None
+    sort: Prepared
+    tiles: Prepared | None
+    kernels: tuple  # the four kernels the key names by id, kept alive so no id is reused while the plan is
+
+
+# the tensors of each launch, in the order _run passes them (positions in the kernel's argument list)
+_SORT_TENSORS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 15, 16, 17, 18)
+_RANK_TENSORS = (0, 1, 2, 3, 4)
+_SCAN_TENSORS = (0, 1, 2)
+_TILES_TENSORS = (0, 1, 2, 3)
+
+
+def _run(prep: Prepared, *tensors) -> None:
+    """The prepared launch; through ``launch`` itself when that was replaced (tests replay launches)."""
+    if launch is _fast_launch:
+        prep(*tensors)
     else:
-        if moe_buf is None:
-            moe_buf = _empty(0, 0, dtype=moebuf_dtype, device=dev)
-        buf_mode = 0
+        args, kwargs = prep.call_args(tensors)
+        launch(prep.fn, prep.grid, *args, **kwargs)
 
-    quant = None
+
+def _make_plan(key: tuple) -> _SortPlan:
+    (M, K, num_experts, model_dim, block_size, _dev, has_mask, has_nlt, quant, quant_dtype, N, x_stride,
+     has_init, init_stride, zero_moe_buf, quant_semantics, *_) = key
+    n_sorted, n_blocks = sort_sizes(M, K, num_experts, block_size)
+    buf_mode = (2 if has_init else 1) if zero_moe_buf else 0
+
     fmt, G, snp, fused = _FP_FORMATS[torch.float4_e2m1fn_x2], 1, 8, False
-    x, q_out, s_out = topk_weights, sorted_weights, sorted_weights
-    if quant_input is not None:
-        N = quant_input.shape[1]
+    data_cols = scale_rows = 0
+    if quant:
         G = N // 32
         snp = _round_up(G, 8)
         fmt = _FP_FORMATS[quant_dtype]
@@ -682,65 +769,46 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         else:
             raise ValueError(f"quant_semantics {quant_semantics!r}")
         data_cols = N // 2 if fmt["FP4"] else N
-        q_out = _empty(M, data_cols, dtype=quant_dtype, device=dev)
-        s_out = _empty(_round_up(n_sorted, 32), snp, dtype=torch.float8_e8m0fnu, device=dev)
-        quant = (q_out, s_out)
-        x = quant_input
+        scale_rows = _round_up(n_sorted, 32)
 
     e_bins = _next_pow2(num_experts + 1)
     k_pad = _next_pow2(K)
-    has_mask = expert_mask is not None
-    has_nlt = num_local_tokens is not None
-    mask_arg = expert_mask if has_mask else topk_ids
-    nlt_arg = num_local_tokens if has_nlt else topk_ids
-    init = moe_buf_init if moe_buf_init is not None else moe_buf
     prescanned = _prescanned(M, K)
-    pre = tot = ranks = sorted_ids
-    chunk_t = 1
+    chunk_t, n_chunks = 1, 0
+    rank = scan = tiles = None
     if prescanned:
         chunk_t = max(1, _prev_pow2(CHUNK_PAIRS // K))
         n_chunks = _cdiv(M, chunk_t)
-        hist = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
-        pre = _empty(n_chunks, e_bins, dtype=torch.int32, device=dev)
-        tot = _empty(e_bins, dtype=torch.int32, device=dev)
-        ranks = _empty(M * K, dtype=torch.int32, device=dev)
         pc = _next_pow2(chunk_t * K)
-        launch(_chunk_rank_kernel, (n_chunks,),
-            topk_ids, mask_arg, nlt_arg, hist, ranks, M, num_experts,
+        rank = Prepared(_chunk_rank_kernel, (n_chunks,), _RANK_TENSORS, (None,) * 5 + (M, num_experts), dict(
             K=K, E_BINS=e_bins, CHUNK_T=chunk_t, PC=pc, PC_BITS=pc.bit_length() - 1,
-            HAS_MASK=has_mask, HAS_NLT=has_nlt, num_warps=4 if pc <= 1024 else 8)
+            HAS_MASK=has_mask, HAS_NLT=has_nlt, num_warps=4 if pc <= 1024 else 8))
         e_tile = min(e_bins, 64)
-        launch(_chunk_scan_kernel, (e_bins // e_tile,), hist, pre, tot, n_chunks,
-                                                E_BINS=e_bins, E_TILE=e_tile, C_TILE=64)
+        scan = Prepared(_chunk_scan_kernel, (e_bins // e_tile,), _SCAN_TENSORS, (None,) * 3 + (n_chunks,),
+                        dict(E_BINS=e_bins, E_TILE=e_tile, C_TILE=64))
 
-    # large split-semantics batches: scales go to a compact [M, G] buffer, then to the sorted rows
-    compact_scales = prescanned and quant is not None and not fused
-    compact = _empty(M, G, dtype=torch.uint8, device=dev) if compact_scales else sorted_ids
-    q_u8 = q_out.view(torch.uint8) if quant is not None else q_out
-    s_u8 = s_out.view(torch.uint8) if quant is not None else s_out
+    compact_scales = prescanned and quant and not fused
     g_pad = _next_pow2(G)
-    batch = _batch_params(M, K, e_bins, k_pad, g_pad, quant is not None, model_dim)
-    split, g_tile, qg = batch.pop("split"), batch["G_TILE"], batch["QG"]
-    launch(_sort_quant_kernel, (max(M, 1), split),
-        topk_ids, topk_weights, mask_arg, nlt_arg,
-        sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids,
-        x, x.stride(0), q_u8, s_u8,
-        moe_buf, init, init.stride(0) if init.dim() == 2 else 0,
-        pre, tot, ranks, compact,
-        M, num_experts, model_dim, G,
+    batch = _batch_params(M, K, e_bins, k_pad, g_pad, quant, model_dim)
+    split, qg = batch.pop("split"), batch["QG"]
+    args = [None] * 23
+    args[9], args[14] = x_stride, init_stride
+    args[19:23] = (M, num_experts, model_dim, G)
+    sort = Prepared(_sort_quant_kernel, (max(M, 1), split), _SORT_TENSORS, args, dict(
         K=K, K_PAD=k_pad, BLOCK=block_size, PAD_STEP=PAD_STEP, E_BINS=e_bins, **batch,
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
-        QUANT=quant is not None, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
+        QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=_round_up(_cdiv(model_dim, split), 16),
         PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales,
         num_warps=4 if qg * 32 <= WIDE_ROW_ELEMS else 8,
-    )
+    ))
     if compact_scales:
-        launch(_scale_tiles_kernel, (s_out.shape[0] // 32,), sorted_ids, num_valid_ids, compact, s_u8, G, M,
-                                                       SNP=snp, BYTES=SCALE_TILE_BYTES)
-    return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, quant)
+        tiles = Prepared(_scale_tiles_kernel, (scale_rows // 32,), _TILES_TENSORS, (None,) * 4 + (G, M),
+                         dict(SNP=snp, BYTES=SCALE_TILE_BYTES))
+    return _SortPlan(n_sorted, n_blocks, data_cols, scale_rows, snp, G, n_chunks, e_bins, rank, scan, sort, tiles,
+                     (_sort_quant_kernel, _chunk_rank_kernel, _chunk_scan_kernel, _scale_tiles_kernel))
 
 
 def _prescanned(M: int, K: int) -> bool:

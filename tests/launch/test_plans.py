@@ -1,0 +1,250 @@
+"""The kernel APIs' per-shape plans and prepared launches hand the launcher what Triton's own launch does.
+
+Plans (kernels/moe_sort_mx_quant.py, kernels/blockscale_gemm_splitk.py) keep, per call shape,
+the allocation sizes, grids, scalars and constexprs; their launches go through
+``fast_launch.Prepared``. On the fake driver (bench/fake_triton.py) each API call is made the
+ordinary way (fast launch off) and then twice with plans and direct launches on (the second
+is a plan hit and a direct launch): the variants, grids and every launcher argument must agree
+(same variant + same arguments = same bits). Allocations are replayed so that the pointers
+match. A change of shape, dtype, stride or flag must miss (a new plan, or a new variant under
+the same plan), and no plan may hold a tensor, even one made during a (simulated) capture.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from triton.runtime.jit import JITFunction
+
+from aiter_patches.kernels import blockscale_gemm_splitk as gemm
+from aiter_patches.kernels import fast_launch as fl
+from aiter_patches.kernels import moe_sort_mx_quant as k
+from bench import fake_triton as ft
+
+SORT_KERNELS = ("_sort_quant_kernel", "_chunk_rank_kernel", "_chunk_scan_kernel", "_scale_tiles_kernel")
+FP4 = torch.float4_e2m1fn_x2
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    fns = []
+    for mod, names in ((k, SORT_KERNELS), (gemm, ("_blockscale_gemm_kernel",))):
+        for name in names:
+            fn = getattr(mod, name)
+            fn = fn if isinstance(fn, JITFunction) else ft.jit(fn.fn)
+            monkeypatch.setattr(mod, name, fn)
+            fns.append(fn)
+    monkeypatch.setattr(k, "_plans", {})
+    monkeypatch.setattr(gemm, "_plans", {})
+    allocs: list = []
+    real = k._empty
+
+    def replayed_empty(*size, dtype, device):
+        """The same buffers, in call order, on every API call (index reset by ``again``)."""
+        i = replayed_empty.i
+        replayed_empty.i += 1
+        if i < len(allocs) and allocs[i].shape == torch.Size(size) and allocs[i].dtype == dtype:
+            return allocs[i]
+        t = real(*size, dtype=dtype, device=device)
+        allocs[i:] = [t]
+        return t
+
+    replayed_empty.i = 0
+    monkeypatch.setattr(k, "_empty", replayed_empty)
+    monkeypatch.setattr(gemm, "_empty", replayed_empty)
+    with ft.fake_triton(*fns):
+        yield replayed_empty
+    fl.set_mode(None)
+
+
+def three_ways(empty, call):
+    """(ordinary launches, direct launches on a plan hit) of ``call()``; asserts the hit was direct."""
+    fl.set_mode("off")
+    empty.i = 0
+    n0 = len(ft.LOG)
+    call()
+    ordinary = ft.LOG[n0:]
+    fl.set_mode("on")
+    empty.i = 0
+    call()  # may be the plan's and the key's first sight
+    direct0 = fl.stats()["direct"]
+    empty.i = 0
+    n1 = len(ft.LOG)
+    call()
+    direct = ft.LOG[n1:]
+    assert fl.stats()["direct"] == direct0 + len(direct), "the plan hit did not launch directly"
+    assert len(direct) == len(ordinary)
+    for d, o in zip(direct, ordinary):
+        assert d.same_as(o), (o.kernel.name, d.kernel is o.kernel, d.grid, o.grid,
+                              [i for i, (x, y) in enumerate(zip(d.args, o.args)) if x != y])
+    assert [d.raw_types for d in direct] == [o.raw_types for o in ordinary]  # CPU tensors stay tensors, as in Triton's
+    return ordinary, direct
+
+
+def routing(M, K, E, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.rand(M, E, generator=g).argsort(dim=1)[:, :K].to(torch.int32).contiguous()
+    return ids, torch.rand(M, K, generator=g)
+
+
+@pytest.mark.parametrize("M,K,E,D,quant,sem", [
+    (1, 8, 256, 7168, FP4, "auto"), (1, 8, 256, 7168, None, "auto"), (4, 16, 896, 3584, FP4, "auto"),
+    (16, 4, 128, 6144, torch.float8_e4m3fn, "auto"), (3, 8, 128, 4096, torch.float8_e4m3fnuz, "split"),
+    (300, 8, 128, 256, FP4, "split"),  # four launches: rank, scan, sort, scale tiles
+    (300, 8, 128, 256, None, "auto"),
+])
+def test_sort_plan_hits_launch_what_triton_launches(fake, M, K, E, D, quant, sem):
+    ids, w = routing(M, K, E)
+    kw = dict(quant_input=torch.randn(M, D).to(torch.bfloat16), quant_dtype=quant) if quant is not None else {}
+    ordinary, _ = three_ways(fake, lambda: k.moe_sort_mx_quant(ids, w, E, D, torch.bfloat16, 32,
+                                                                quant_semantics=sem, **kw))
+    assert len(ordinary) == k.launch_count(M, K, quant is not None, sem == "fused" or (
+        sem == "auto" and M * K <= k.FUSED_QUANT_MAX_PAIRS))
+    assert len(k._plans) == 1
+
+
+def test_sort_changed_shape_dtype_stride_or_flag_misses(fake):
+    M, K, E, D = 4, 8, 64, 512
+    ids, w = routing(M, K, E)
+    x = torch.randn(M, D).to(torch.bfloat16)
+    base = dict(quant_input=x, quant_dtype=FP4)
+    wide = torch.randn(M, 2 * D).to(torch.bfloat16)[:, :D]  # same shape, another row stride
+    w_off = torch.rand(M * K + 1)[1:].view(M, K)  # 4 bytes off: another alignment
+    cases = [
+        (ids, w, E, D, torch.bfloat16, 32, base),
+        (ids[:3].contiguous(), w[:3].contiguous(), E, D, torch.bfloat16, 32, dict(base, quant_input=x[:3])),  # tokens
+        (ids, w, E + 1, D, torch.bfloat16, 32, base),  # experts
+        (ids, w, E, D, torch.bfloat16, 64, base),  # block size
+        (ids, w, E, D, torch.bfloat16, 32, dict(base, quant_dtype=torch.float8_e4m3fn)),  # quant dtype
+        (ids, w, E, D, torch.float16, 32, base),  # moe_buf dtype
+        (ids, w, E, D, torch.bfloat16, 32, dict(base, quant_input=wide)),  # stride
+        (ids, w, E, D, torch.bfloat16, 32, dict(base, expert_mask=torch.ones(E, dtype=torch.int32))),  # flag
+        (ids, w, E, D, torch.bfloat16, 32, dict(base, zero_moe_buf=False)),  # flag
+        (ids, w_off, E, D, torch.bfloat16, 32, base),  # alignment: same plan, another variant
+    ]
+    seen_variants = []
+    for args in cases:
+        *a, kw = args
+        ordinary, direct = three_ways(fake, lambda: k.moe_sort_mx_quant(*a, **kw))
+        seen_variants.append(direct[-1].kernel)
+    assert len(k._plans) == len(cases) - 2  # the moe_buf dtype and the alignment live in the launch key
+    assert seen_variants[5] is not seen_variants[0] and seen_variants[-1] is not seen_variants[0]
+
+
+def test_a_changed_tunable_misses(fake, monkeypatch):
+    M, K, E = 40, 2, 8
+    ids, w = routing(M, K, E)
+    one, _ = three_ways(fake, lambda: k.moe_sort_mx_quant(ids, w, E, 64, torch.bfloat16, 16))
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
+    monkeypatch.setattr(k, "CHUNK_PAIRS", 16)
+    four, _ = three_ways(fake, lambda: k.moe_sort_mx_quant(ids, w, E, 64, torch.bfloat16, 16))
+    assert len(one) == 1 and len(four) == 3
+
+
+def test_plans_past_the_limit_are_made_per_call(fake, monkeypatch):
+    monkeypatch.setattr(k, "MAX_PLANS", 0)
+    ids, w = routing(2, 2, 4)
+    three_ways(fake, lambda: k.moe_sort_mx_quant(ids, w, 4, 64, torch.bfloat16, 16))
+    assert not k._plans
+
+
+def _tensors_reachable(roots, limit=20000) -> list:
+    seen, stack, found = set(), list(roots), []
+    while stack and len(seen) < limit:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, (type, type(gc))) or isinstance(o, JITFunction):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            found.append(o)
+            continue
+        stack.extend(gc.get_referents(o))
+    return found
+
+
+def _plan_roots(plans) -> list:
+    """What each plan holds, less the kernels themselves (JITFunctions, which the key names by id)."""
+    roots = []
+    for plan in plans.values():
+        for field in plan:
+            if isinstance(field, fl.Prepared):
+                roots += [field.grid, field.args, field.kwargs, field.tensor_at, field._kernels]
+            elif isinstance(field, JITFunction):
+                continue
+            elif isinstance(field, tuple) and field and all(isinstance(f, JITFunction) for f in field):
+                continue
+            else:
+                roots.append(field)
+    return roots
+
+
+def test_no_plan_holds_a_tensor_even_one_made_during_a_capture(fake, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+
+    def no_sync(*a, **kw):
+        raise AssertionError("device sync on the launch path")
+
+    monkeypatch.setattr(torch.Tensor, "item", no_sync)
+    monkeypatch.setattr(torch.Tensor, "tolist", no_sync)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    ids, w = routing(300, 8, 128)
+    x = torch.randn(300, 256).to(torch.bfloat16)
+    init = torch.randn(300, 256).to(torch.bfloat16)
+    mask = torch.ones(128, dtype=torch.int32)
+    three_ways(fake, lambda: k.moe_sort_mx_quant(ids, w, 128, 256, torch.bfloat16, 32, quant_input=x,
+                                                  quant_dtype=FP4, quant_semantics="split",
+                                                  expert_mask=mask,
+                                                  moe_buf_init=init))
+    A, B, out, a_s, b_s = gemm_operands(4, 256, 1024)
+    three_ways(fake, lambda: gemm.blockscale_gemm_splitk(A, B, out, a_s, b_s, splits=4, zero_out=False))
+    assert k._plans and gemm._plans
+    assert not _tensors_reachable(_plan_roots(k._plans) + _plan_roots(gemm._plans))
+
+
+def gemm_operands(M, N, K):
+    A = torch.zeros(M, K).to(torch.float8_e4m3fn)
+    B = torch.zeros(N, K).to(torch.float8_e4m3fn)
+    out = torch.zeros(M, N, dtype=torch.bfloat16)
+    return A, B, out, torch.ones(M, K // 128), torch.ones(N // 128, K // 128)
+
+
+@pytest.mark.parametrize("M,splits,zero_out", [(1, 2, False), (16, 4, True), (33, 1, False), (65, 2, False)])
+def test_gemm_plan_hits_launch_what_triton_launches(fake, M, splits, zero_out):
+    A, B, out, a_s, b_s = gemm_operands(M, 256, 1024)
+    three_ways(fake, lambda: gemm.blockscale_gemm_splitk(A, B, out, a_s, b_s, splits=splits, zero_out=zero_out))
+    # another A row stride and a K-major A_scale view: new plans, same launches as Triton's
+    A_wide = torch.zeros(M, 2048).to(torch.float8_e4m3fn)[:, :1024]
+    a_s_t = torch.ones(1024 // 128, M).t()
+    three_ways(fake, lambda: gemm.blockscale_gemm_splitk(A_wide, B, out, a_s_t, b_s, splits=splits,
+                                                         zero_out=zero_out))
+    assert len(gemm._plans) == 2
+
+
+def test_gemm_over_the_workspace_limit_takes_row_blocks_unplanned(fake, monkeypatch):
+    M, N, K = 300, 256, 1024  # 128-row blocks: 128 + 128 + 44
+    monkeypatch.setattr(gemm, "MAX_WORKSPACE_BYTES", gemm.workspace_bytes(128, N, 2))
+    A, B, out, a_s, b_s = gemm_operands(M, N, K)
+    ordinary, _ = three_ways(fake, lambda: gemm.blockscale_gemm_splitk(A, B, out, a_s, b_s, splits=2,
+                                                                      zero_out=False))
+    assert len(ordinary) == 3 and not gemm._plans
+
+
+def test_prepared_refuses_a_tensor_among_the_fixed_arguments(fake):
+    with pytest.raises(TypeError, match="tensor among the fixed"):
+        fl.Prepared(gemm._blockscale_gemm_kernel, (1,), (0,), (None, torch.zeros(1)), {})
+
+
+def test_prepared_goes_through_launch_when_a_hook_is_set(fake, monkeypatch):
+    A, B, out, a_s, b_s = gemm_operands(2, 256, 1024)
+    call = lambda: gemm.blockscale_gemm_splitk(A, B, out, a_s, b_s, splits=2, zero_out=False)  # noqa: E731
+    three_ways(fake, call)
+    from triton import knobs
+
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: seen.append(1))
+    before = fl.stats()
+    call()
+    after = fl.stats()
+    assert after["direct"] == before["direct"] and after["ordinary"] == before["ordinary"] + 1  # Triton's own launch
