@@ -248,3 +248,62 @@ def test_prepared_goes_through_launch_when_a_hook_is_set(fake, monkeypatch):
     call()
     after = fl.stats()
     assert after["direct"] == before["direct"] and after["ordinary"] == before["ordinary"] + 1  # Triton's own launch
+
+
+def _poisoned_empty(real):
+    def empty(*size, dtype, device):
+        t = real(*size, dtype=dtype, device=device)
+        t.view(torch.uint8).fill_(0x5A) if t.numel() else None
+        return t
+    return empty
+
+
+def _bytes(t):
+    return t.contiguous().view(torch.uint8).reshape(-1)
+
+
+@pytest.mark.parametrize("M,one_launch_max", [(3, None), (20, 16)])
+def test_a_plan_hit_gives_the_bits_of_a_fresh_plan(monkeypatch, M, one_launch_max):
+    """Triton's interpreter (tests/conftest.py): a hit and a fresh miss write the same bytes everywhere."""
+    if not hasattr(k._sort_quant_kernel, "fn") or isinstance(k._sort_quant_kernel, JITFunction):
+        pytest.skip("needs the interpreter (TRITON_INTERPRET=1, no GPU)")
+    monkeypatch.setattr(k, "_plans", {})
+    monkeypatch.setattr(k, "_empty", _poisoned_empty(k._empty))
+    if one_launch_max:
+        monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", one_launch_max)
+        monkeypatch.setattr(k, "CHUNK_PAIRS", 16)
+    ids, w = routing(M, 2, 4, seed=M)
+    x = torch.randn(M, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+    def call():
+        r = k.moe_sort_mx_quant(ids, w, 4, 64, torch.bfloat16, 16, quant_input=x, quant_dtype=FP4,
+                                quant_semantics="split")
+        return [r.sorted_ids, r.sorted_weights, r.sorted_expert_ids, r.num_valid_ids, r.moe_buf, *r.quant]
+
+    call()
+    assert len(k._plans) == 1
+    hit = call()
+    k._plans.clear()
+    fresh = call()
+    for a, b in zip(hit, fresh):
+        assert torch.equal(_bytes(a), _bytes(b))
+
+
+def test_a_gemm_plan_hit_gives_the_bits_of_a_fresh_plan(monkeypatch):
+    if isinstance(gemm._blockscale_gemm_kernel, JITFunction):
+        pytest.skip("needs the interpreter (TRITON_INTERPRET=1, no GPU)")
+    monkeypatch.setattr(gemm, "_plans", {})
+    g = torch.Generator().manual_seed(0)
+    M, N, K = 2, 128, 512
+    A = torch.randn(M, K, generator=g).to(torch.float8_e4m3fn)
+    B = torch.randn(N, K, generator=g).to(torch.float8_e4m3fn)
+    a_s, b_s = torch.rand(M, K // 128, generator=g), torch.rand(N // 128, K // 128, generator=g)
+    outs = []
+    for clear in (False, False, True):
+        if clear:
+            gemm._plans.clear()
+        out = torch.zeros(M, N, dtype=torch.bfloat16)
+        gemm.blockscale_gemm_splitk(A, B, out, a_s, b_s, splits=2, zero_out=False)
+        outs.append(out)
+    assert len(gemm._plans) == 1
+    assert torch.equal(_bytes(outs[1]), _bytes(outs[2])) and torch.equal(_bytes(outs[0]), _bytes(outs[1]))
