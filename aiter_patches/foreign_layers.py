@@ -186,15 +186,24 @@ def records(name: str) -> list[dict[str, Any]]:
     return [dict(asdict(layer), text=layer.describe()) for layer in for_patch(name)]
 
 
+_registry = None  # the registry module, imported at the first call (it imports this module)
+
+
+def _import_registry():
+    global _registry
+    from . import registry
+
+    _registry = registry
+    return registry
+
+
 def outer_layer_name(module: str, attr: str) -> str | None:
     """Which foreign layer holds ``module.attr`` over our wrapper, or None. For fallback reasons.
 
     Cheap enough for a fallback branch: one lookup and one identity test while
     the binding is ours; the chain walk is done once per foreign object.
     """
-    from . import registry
-
-    chain = registry._chains.get((module, attr))
+    chain = (_registry or _import_registry())._chains.get((module, attr))
     mod = sys.modules.get(module)
     if chain is None or chain.current is None or mod is None:
         return None

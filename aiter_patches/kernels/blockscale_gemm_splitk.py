@@ -22,6 +22,9 @@ is K-major, so its logical view has strides (1, M); AITER's own argument is a co
 B_scale fp32 [N/128, K/128] read through its strides;
 out bf16 [M, N] with unit column stride. A split covers whole 128-wide K tiles and
 the split count must pass AITER's own alignment check (`valid_split`).
+
+Host time: a one-launch call's sizes, grid and launch arguments are kept per shape (`_plans`,
+Python values only) and launched through `fast_launch.Prepared`.
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ MAX_SPLITS = 16
 # patch hands it back to AITER (counted) rather than allocate, e.g., 1.6 GB at
 # M=4096, N=24576, 4 splits.
 MAX_WORKSPACE_BYTES = 256 << 20
-_empty = torch.empty  # the workspace allocation goes through here (tests replay it)
 
 
 @triton.jit
@@ -209,13 +211,13 @@ def workspace_reason(M: int, N: int, splits: int) -> str | None:
 
 def unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled) -> str | None:
     """Why this kernel cannot take these arguments, or None. Reads metadata only (graph-safe)."""
-    tensors = {"A": A, "B": B, "out": out, "A_scale": A_scale, "B_scale": B_scale}
-    for name, t in tensors.items():
+    for name, t in (("A", A), ("B", B), ("out", out), ("A_scale", A_scale), ("B_scale", B_scale)):
         if not isinstance(t, torch.Tensor):
             return f"{name} is not a tensor"
         if t.dim() != 2:
             return f"{name} must be 2-D, got {t.dim()}-D"
-    if any(t.device != A.device for t in tensors.values()):
+    dev = A.device
+    if B.device != dev or out.device != dev or A_scale.device != dev or B_scale.device != dev:
         return "tensors are on different devices"
     if A.dtype not in FP8_DTYPES or B.dtype != A.dtype:
         return f"A and B must share an fp8 e4m3 dtype, got {A.dtype} and {B.dtype}"
@@ -229,11 +231,11 @@ def unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled) -> st
         return f"B is {tuple(B.shape)}, A is {tuple(A.shape)}: K differs"
     if N % SCALE_BLOCK or K % SCALE_BLOCK:
         return f"N={N} and K={K} must be multiples of {SCALE_BLOCK}"
-    if tuple(out.shape) != (M, N):
+    if out.shape != (M, N):
         return f"out is {tuple(out.shape)}, expected {(M, N)}"
-    if tuple(A_scale.shape) != (M, K // SCALE_BLOCK):
+    if A_scale.shape != (M, K // SCALE_BLOCK):
         return f"A_scale is {tuple(A_scale.shape)}, expected {(M, K // SCALE_BLOCK)}"
-    if tuple(B_scale.shape) != (N // SCALE_BLOCK, K // SCALE_BLOCK):
+    if B_scale.shape != (N // SCALE_BLOCK, K // SCALE_BLOCK):
         return f"B_scale is {tuple(B_scale.shape)}, expected {(N // SCALE_BLOCK, K // SCALE_BLOCK)}"
     if M > 0 and A.stride(1) != 1:
         return "A must have unit stride along K"
@@ -312,7 +314,7 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
         if splits > 1:
             if zero_out:
                 out.zero_()
-            ws = _empty(plan.ws_numel, dtype=torch.float32, device=A.device)
+            ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=A.device)
             cnt = _tile_counters(A.device, plan.counters)
         else:
             ws = cnt = out  # unused by the kernel when SPLITS == 1
@@ -324,7 +326,7 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
     if splits > 1:  # always here: one split needs no workspace
         if zero_out:
             out.zero_()
-        ws = _empty(splits * rows * N, dtype=torch.float32, device=A.device)
+        ws = torch.empty(splits * rows * N, dtype=torch.float32, device=A.device)
         cnt = _tile_counters(A.device, -(-rows // block_m) * (N // block_n))
     for m0 in range(0, M, rows):
         m = min(rows, M - m0)

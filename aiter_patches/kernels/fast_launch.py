@@ -33,6 +33,9 @@ has been run against Triton 3.5.1 and 3.9; Triton 3.3 and older get ordinary lau
 it off; ``=verify`` also asks Triton, on every direct launch, which kernel it would have run and
 raises :class:`DispatchMismatch` if it is another one (tests and the GPU check use it).
 
+:class:`Prepared` goes one step further for a kernel API that keeps per-shape plans: the grid
+and every non-tensor argument are bound once, and a call reads only the tensors' part of the key.
+
 The cache holds compiled kernels and keys made of Python scalars and dtypes: never a tensor,
 so nothing created during a CUDA-graph capture outlives it, and it never syncs the device. A
 launch inside a capture is recorded like Triton's (same launcher, same stream).
@@ -477,7 +480,7 @@ class Prepared:
     Holds Python scalars, dtypes and compiled kernels: never a tensor.
     """
 
-    __slots__ = ("fn", "grid", "args", "kwargs", "tensor_at", "_st", "_unpack", "_go", "_kernels")
+    __slots__ = ("fn", "grid", "args", "kwargs", "tensor_at", "_st", "_unpack", "_go", "_kernels", "_knob_values")
 
     def __init__(self, fn, grid: tuple, tensor_at: tuple[int, ...], args: tuple, kwargs: dict):
         """``args`` with ``None`` at the positions ``tensor_at`` (filled per call, in that order)."""
@@ -487,7 +490,7 @@ class Prepared:
         if any(isinstance(v, torch.Tensor) for v in fixed):
             raise TypeError("Prepared: a tensor among the fixed arguments (pass it per call, through tensor_at)")
         self._kernels: dict[tuple, Any] = {}
-        self._st = self._unpack = self._go = None
+        self._st = self._unpack = self._go = self._knob_values = None
         if torch.compiler.is_compiling():
             return
         entry = _kernels.get(id(fn))
@@ -511,6 +514,12 @@ class Prepared:
             return  # a value whose keying launch() would refuse: always through launch()
         self._st = st
         self._unpack, self._go = _make_prepared_code(values, params)
+        if st.knob_reads and all(hasattr(_knobs.compilation, k) for k in st.knob_reads):
+            get = operator.attrgetter(*st.knob_reads)
+            self._knob_values = get if len(st.knob_reads) > 1 else (lambda c: (get(c),))
+        else:
+            names = st.knob_reads
+            self._knob_values = lambda c: tuple(getattr(c, k, None) for k in names)
 
     def call_args(self, tensors) -> tuple[list, dict]:
         """The ``(args, kwargs)`` of the equivalent ``launch(fn, grid, *args, **kwargs)``."""
@@ -526,20 +535,20 @@ class Prepared:
             return self._through_launch(tensors, None)
         fn = self.fn
         rt = _knobs.runtime
-        if (fn.pre_run_hooks or not _hook_idle(rt.launch_enter_hook) or not _hook_idle(rt.launch_exit_hook)
+        enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+        if (fn.pre_run_hooks or not (enter is None or _hook_idle(enter)) or not (exit_ is None or _hook_idle(exit_))
                 or getattr(rt, "add_stages_inspection_hook", None) is not None):
             return self._through_launch(tensors, None)
         drv = _driver.active
         device = drv.get_current_device()
         compiled, native, spec = st.devices.get(device) or st.device_state(device)
         dyn, ptrs = self._unpack(None if native else spec, *tensors)
-        key = (device, dyn, fn.debug, rt.debug,
-               tuple(getattr(_knobs.compilation, k, None) for k in st.knob_reads) if st.knob_reads else ())
+        key = (device, dyn, fn.debug, rt.debug, self._knob_values(_knobs.compilation))
         kernel = self._kernels.get(key)
         if kernel is None or (fn.used_global_vals and not _globals_unchanged(fn)):
             return self._through_launch(tensors, key)
         self._go(kernel.run, self.grid, drv.get_current_stream(device), kernel.function, kernel.packed_metadata,
-                 rt.launch_enter_hook, rt.launch_exit_hook, ptrs)
+                 enter, exit_, ptrs)
         _counts["direct"] += 1
         return None
 

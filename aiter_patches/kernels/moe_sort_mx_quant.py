@@ -46,6 +46,11 @@ AITER's split path (every real pair gets its token's scales); "auto" picks like 
 Everything is integer arithmetic on fp32 bit patterns, so results are bit-exact on NVIDIA,
 AMD and the Triton interpreter. The launch path never syncs: no ``.item()``, only
 ``torch.empty`` allocations, so it can be captured in a CUDA graph.
+
+Host time (issue 15): what a call derives from its shape (sizes, grids, scalars, constexprs) is
+kept per shape in a plan (``_plans``, keyed on exactly what that derivation reads, the tuning
+constants included), and its launches are ``fast_launch.Prepared`` ones; a plan holds Python
+values only, never a tensor.
 """
 
 from __future__ import annotations

@@ -53,7 +53,14 @@ def fake(monkeypatch):
 
     replayed_empty.i = 0
     monkeypatch.setattr(k, "_empty", replayed_empty)
-    monkeypatch.setattr(gemm, "_empty", replayed_empty)
+    real_torch_empty = torch.empty
+
+    def workspace(*size, dtype=None, device=None, **kw):  # the GEMM's fp32 workspace, replayed likewise
+        if dtype is torch.float32 and len(size) == 1 and not kw:
+            return replayed_empty(*size, dtype=dtype, device=device)
+        return real_torch_empty(*size, dtype=dtype, device=device, **kw)
+
+    monkeypatch.setattr(torch, "empty", workspace)
     with ft.fake_triton(*fns):
         yield replayed_empty
     fl.set_mode(None)
