@@ -309,7 +309,7 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
         plan = _plans.get(key)
         if plan is None:
             plan = _make_plan(key)
-            if len(_plans) < MAX_PLANS:
+            if len(_plans) < MAX_PLANS and not torch.compiler.is_compiling():  # Dynamo: a plan per trace
                 _plans[key] = plan
         if splits > 1:
             if zero_out:

@@ -674,7 +674,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     plan = _plans.get(key)
     if plan is None:
         plan = _make_plan(key)
-        if len(_plans) < MAX_PLANS:
+        if len(_plans) < MAX_PLANS and not torch.compiler.is_compiling():  # Dynamo: a plan per trace
             _plans[key] = plan
     sorted_ids = _empty(plan.n_sorted, dtype=torch.int32, device=dev)
     sorted_weights = _empty(plan.n_sorted, dtype=torch.float32, device=dev)
