@@ -11,17 +11,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from dataclasses import dataclass
 from typing import Iterator
 
 from . import registry
-
-
-@dataclass
-class CheckResult:
-    kind: str  # "bitwise" or "bound: <what>"
-    ok: bool
-    detail: str = ""
+from .declarations import CheckResult  # re-exported: checks import it from here
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from .. import runtime
-from ..registry import Patch, Target
+from ..declarations import Patch, Target
 from . import moe_call, pins, relied_on
 
 NAME = "gemm_out_zeroed"
