@@ -1,9 +1,11 @@
 """`aiter-patches verify`: apply the patches, then prove each applied one equals AITER on this machine.
 
-Each patch declares a ``check(device)`` that calls AITER's public entry point
+Each patch declares a ``check(device)`` beside it (``Patch.check``: the function, or its
+"module:function") that calls AITER's public entry point
 with the patch and, inside :func:`suspended`, without it, on the same inputs,
 and compares: bitwise where the patch claims it, within a stated bound where it
-does not. Where no real AITER imports, the stand-in is used, and the table says so.
+does not. Where no real AITER imports, the stand-in is used, and the table says so;
+which patches run and which modules are imported for them comes from the registry.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from typing import Iterator
+from typing import Callable, Iterator
 
 from . import registry
-from .declarations import CheckResult  # re-exported: checks import it from here
+from .declarations import Check, CheckResult  # CheckResult re-exported: checks import it from here
 
 
 @contextlib.contextmanager
@@ -78,12 +80,10 @@ def run(device: str | None = None) -> tuple[list[dict], str]:
     for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
         if not getattr(sys.modules.get("aiter"), "IS_AITER_PATCHES_STAND_IN", False):
             del sys.modules[name]
-    from .testing import use_stub_aiter
+    from .testing import import_stand_in_targets, use_stub_aiter
 
     with use_stub_aiter():
-        import aiter.fused_moe  # noqa: F401  (the targets' modules)
-        import aiter.ops.gemm_op_a8w8  # noqa: F401
-
+        import_stand_in_targets()  # the registry says which modules the patches target
         rows = _run_all(dev)
     return rows, f"the aiter_patches stand-in (no real AITER: {problem})"
 
@@ -99,10 +99,19 @@ def _run_all(dev) -> list[dict]:
                 row.update(result="FAIL", detail="no equivalence check declared")
             else:
                 try:
-                    mod_name, fn_name = p.check.split(":")
-                    res: CheckResult = getattr(importlib.import_module(mod_name), fn_name)(dev)
+                    res: CheckResult = resolve_check(p.check)(dev)
                     row.update(check=res.kind, result="ok" if res.ok else "FAIL", detail=res.detail)
                 except Exception as exc:
                     row.update(result="FAIL", detail=f"check raised {type(exc).__name__}: {exc}")
         rows.append(row)
     return rows
+
+
+def resolve_check(check: Check) -> Callable[[object], CheckResult]:
+    """A patch's declared check as a callable: itself, or the function its "module:function" names."""
+    if callable(check):
+        return check
+    mod_name, sep, fn_name = check.partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise ValueError(f"check {check!r}: declare a callable or 'module:function'")
+    return getattr(importlib.import_module(mod_name), fn_name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from .. import runtime
-from ..declarations import Patch, Target
+from ..declarations import CheckResult, Patch, Target
 from . import moe_call, pins, relied_on
 
 NAME = "gemm_out_zeroed"
@@ -126,6 +126,38 @@ def _plan(bound: dict):
     return lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root)
 
 
+def check(device) -> CheckResult:
+    """``aiter-patches verify``: out_zeroed=True into zeros equals AITER's memset + GEMM, bit for bit."""
+    import torch
+
+    from .. import registry, verify
+    from ..reference.blockscale_gemm import SCALE_BLOCK, shuffle_weight_16x16
+
+    aiter = sys.modules["aiter"]
+    gemm = sys.modules["aiter.ops.gemm_op_a8w8"].gemm_a8w8_blockscale_bpreshuffle_asm
+    fast_hits = lambda: registry.stats()[NAME]["fast"]  # noqa: E731
+    fp8 = aiter.dtypes.fp8
+    g = torch.Generator().manual_seed(7)
+    M, N, K, split = 16, 256, 512, 2
+    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
+    B = (torch.randn(N, K, generator=g) * 2).to(fp8)
+    Bs = shuffle_weight_16x16(B).to(device)
+    a_scale = (torch.rand(K // SCALE_BLOCK, M, generator=g) + 0.5).to(device).t()  # K-major storage, [M, K/128] view
+    b_scale = (torch.rand(N // SCALE_BLOCK, K // SCALE_BLOCK, generator=g) + 0.5).to(device)
+    out_p = torch.zeros(M, N, dtype=torch.bfloat16, device=device)
+    before = fast_hits()
+    gemm(A, Bs, out_p, a_scale, b_scale, splitK=split, out_zeroed=True)
+    if fast_hits() <= before:
+        why = registry.stats()[NAME]["fallback"]
+        if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False):
+            return CheckResult("bitwise", False, f"fast path not taken ({why})")
+        return CheckResult("bitwise", True, f"every call goes to AITER unchanged here: no fast path ({why})")
+    out_o = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
+    with verify.suspended():
+        gemm(A, Bs, out_o, a_scale, b_scale, splitK=split)
+    ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
+    return CheckResult("bitwise", ok, f"split {split}: no-memset result equals memset + GEMM" if ok else "outputs differ")
+
 
 PATCH = Patch(
     name=NAME,
@@ -139,5 +171,5 @@ PATCH = Patch(
     kernel_module="aiter_patches.kernels.blockscale_gemm_splitk",
     relies_on=relied_on.GEMM_OUT_ZEROED,
     order=50,
-    check="aiter_patches.checks:check_gemm_out_zeroed",
+    check=check,
 )
