@@ -131,7 +131,8 @@ def check(device) -> CheckResult:
     import torch
 
     from .. import registry, verify
-    from ..reference.blockscale_gemm import SCALE_BLOCK, shuffle_weight_16x16
+    from ..aiter_contract import SCALE_BLOCK
+    from ..reference.blockscale_gemm import shuffle_weight_16x16
 
     aiter = sys.modules["aiter"]
     gemm = sys.modules["aiter.ops.gemm_op_a8w8"].gemm_a8w8_blockscale_bpreshuffle_asm
