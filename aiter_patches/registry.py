@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 # Everything the registry calls is imported here, never inside a call: an import running in one thread
 # when another forks leaves that module locked for good in the child.
-from . import foreign_layers, import_hooks, process_report, runtime, stats_log
+from . import env_flags, foreign_layers, import_hooks, process_report, runtime, stats_log
 from .declarations import (  # re-exported: `from aiter_patches.registry import Patch` and the rest keep working
     APPLIED,
     DISABLED,
@@ -125,13 +125,9 @@ def patches() -> list[Patch]:
 
 # ---------------------------------------------------------------- environment
 
-def _env_flag_off(value: str) -> bool:
-    return value.strip().lower() in ("0", "false", "no", "off")
-
-
 def _env_disabled(known: Sequence[str]) -> tuple[set[str], str]:
     """Names disabled by the environment, and the reason text; raises on unknown names."""
-    if _env_flag_off(os.environ.get("AITER_PATCHES", "1")):
+    if env_flags.env_false("AITER_PATCHES"):
         return set(known), "AITER_PATCHES=0"
     raw = os.environ.get("AITER_PATCHES_DISABLE", "")
     names = {n.strip() for n in raw.split(",") if n.strip()}

@@ -13,12 +13,25 @@ one, is exactly the original call.
 from __future__ import annotations
 
 import sys
+from typing import Any, Callable, NamedTuple
 
 from .. import runtime
 from ..declarations import CheckResult, Patch, Target
 from . import moe_call, pins, relied_on
 
 NAME = "gemm_out_zeroed"
+
+
+class NoMemsetLaunch(NamedTuple):
+    """This call goes to the no-memset kernel: ``run()`` launches it into ``out``."""
+
+    run: Callable[[], Any]
+
+
+class HandBack(NamedTuple):
+    """This call goes to AITER unchanged, for ``reason`` (counted as a fallback)."""
+
+    reason: str
 
 
 def _triton():
@@ -52,15 +65,14 @@ def _wrapper(inner, site):
             counters.fallback(reason)
             return inner(*args, **kwargs)
         try:
-            launch = _plan(bound)
+            plan = _plan(bound)
         except ValueError as exc:  # AITER would raise the same check: let it, with its own message
-            counters.fallback(f"launcher check: {exc}")
-            return inner(*args, **kwargs)
-        if isinstance(launch, str):
-            counters.fallback(launch)
+            plan = HandBack(f"launcher check: {exc}")
+        if isinstance(plan, HandBack):
+            counters.fallback(plan.reason)
             return inner(*args, **kwargs)
         try:
-            launch()
+            plan.run()
         except Exception as exc:
             counters.failed(exc, "GEMM launch without memset")
             return inner(*args, **kwargs)
@@ -80,7 +92,7 @@ def _autograd_reason(out) -> str | None:
     return None
 
 
-def _plan(bound: dict):
+def _plan(bound: dict) -> NoMemsetLaunch | HandBack:
     """A no-memset launch for this call, or the reason there is none (split 1 needs no patch)."""
     A, B, out = bound["A"], bound["B"], bound["out"]
     A_scale, B_scale = bound["A_scale"], bound["B_scale"]
@@ -93,37 +105,38 @@ def _plan(bound: dict):
 
         split = launcher_split(A.shape[1], -1 if splitK is None else splitK)
         if split <= 1:
-            return "split count 1: the original launches no memset"
+            return HandBack("split count 1: the original launches no memset")
         k = _triton()
         from ..reference.blockscale_gemm import a_scale_as_read_by_asm
 
         try:
             A_scale = a_scale_as_read_by_asm(A_scale)  # as the stand-in's launcher reads it
         except ValueError as exc:
-            return str(exc)
+            return HandBack(str(exc))
         reason = runtime.triton_backend_reason(A.device) or k.unsupported_reason(
             A, B, out, A_scale, B_scale, split, bpreshuffle) or k.workspace_reason(A.shape[0], B.shape[0], split)
         if reason is not None:
-            return reason
-        return lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,
-                                                 b_preshuffled=bpreshuffle, zero_out=False, checked=True)
+            return HandBack(reason)
+        return NoMemsetLaunch(lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,
+                                                                b_preshuffled=bpreshuffle, zero_out=False,
+                                                                checked=True))
     from ..kernels import hip_blockscale_asm as hip
 
     reason = hip.unsupported_reason(A, B, out, A_scale, B_scale)
     if reason is not None:
-        return reason
+        return HandBack(reason)
     root = _aiter_root()
     reason = hip.available(A.device, root)
     if reason is not None:
-        return f"AITER's .co cannot be launched here: {reason}"
+        return HandBack(f"AITER's .co cannot be launched here: {reason}")
     plan = hip.plan_launch(A, B, aiter_root=root, splitK=splitK, kernelName=bound.get("kernelName"),
                            bpreshuffle=bpreshuffle)
     if plan.split <= 1:
-        return "split count 1: the original launches no memset"
+        return HandBack("split count 1: the original launches no memset")
     reason = hip.code_object_reason(root, plan.gfx, plan.cfg)
     if reason is not None:
-        return f"AITER's .co refused: {reason}"
-    return lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root)
+        return HandBack(f"AITER's .co refused: {reason}")
+    return NoMemsetLaunch(lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root))
 
 
 def check(device) -> CheckResult:
