@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from . import registry
 from .declarations import Check, CheckResult  # CheckResult re-exported: checks import it from here
@@ -68,15 +68,18 @@ def use_triton_interpreter_without_gpu() -> bool:
     return True
 
 
-def run(device: str | None = None) -> tuple[list[dict], str]:
-    """Returns (rows, the AITER used). A row: patch, state, check, result, detail."""
+def run(device: str | None = None, names: Sequence[str] | None = None) -> tuple[list[dict], str]:
+    """Returns (rows, the AITER used). A row: patch, state, check, result, detail.
+
+    Every patch is applied; ``names`` (default: all) says whose checks run and get a row.
+    """
     import torch
 
     use_triton_interpreter_without_gpu()
     dev = torch.device(device) if device else default_device()
     problem = real_aiter_problem()
     if problem is None:
-        return _run_all(dev), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
+        return _run_all(dev, names), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
     for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
         if not getattr(sys.modules.get("aiter"), "IS_AITER_PATCHES_STAND_IN", False):
             del sys.modules[name]
@@ -84,14 +87,16 @@ def run(device: str | None = None) -> tuple[list[dict], str]:
 
     with use_stub_aiter():
         import_stand_in_targets()  # the registry says which modules the patches target
-        rows = _run_all(dev)
+        rows = _run_all(dev, names)
     return rows, f"the aiter_patches stand-in (no real AITER: {problem})"
 
 
-def _run_all(dev) -> list[dict]:
+def _run_all(dev, names: Sequence[str] | None = None) -> list[dict]:
     registry.apply()
     rows: list[dict] = []
     for p in registry.patches():
+        if names is not None and p.name not in names:
+            continue
         rec = next(r for r in registry.status()["patches"] if r["name"] == p.name)
         row = {"patch": p.name, "state": rec["state"], "check": "-", "result": "-", "detail": rec["reason"]}
         if rec["state"] == registry.APPLIED:
