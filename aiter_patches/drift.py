@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Sequence
 
+from . import text_table
 from .signatures import Pin, Signature, from_ast, match
 
 MATCH, DRIFT, MISSING = "match", "drift", "missing"
@@ -477,9 +478,7 @@ def check(tree: SourceTree, patch_list: Sequence[Any] | None = None) -> Report:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+    return text_table.lines(header, rows)
 
 
 def _short(t: TargetResult, width: int = 100) -> str:

@@ -1,7 +1,7 @@
 """The registry: the only code that changes AITER's namespaces.
 
-A patch is declared (its targets, the signatures it accepts, a wrapper factory);
-the registry performs it: all or nothing per patch, only when every target's
+A patch is declared (``declarations.py``: its targets, the signatures it accepts,
+a wrapper factory); the registry performs it: all or nothing per patch, only when every target's
 signature matches a pin, at once or the moment AITER's module is imported, on
 every module-level alias of the original, chained with other patches on the
 same target in declared order, idempotent, thread-safe, and exactly revertible.
@@ -22,71 +22,23 @@ from typing import Any, Callable, Iterable, Sequence
 
 # Everything the registry calls is imported here, never inside a call: an import running in one thread
 # when another forks leaves that module locked for good in the child.
-from . import foreign_layers, import_hooks, process_report, runtime, stats_log
+from . import env_flags, foreign_layers, import_hooks, process_report, runtime, stats_log
+from .declarations import (  # re-exported: `from aiter_patches.registry import Patch` and the rest keep working
+    APPLIED,
+    DISABLED,
+    INACTIVE,
+    PENDING,
+    SKIPPED,
+    Patch,
+    PatchSkipped,
+    Site,
+    SourcePin,
+    Target,
+)
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
 log = logging.getLogger("aiter_patches")
-
-APPLIED, SKIPPED, PENDING, DISABLED, INACTIVE = "applied", "skipped", "pending", "disabled", "inactive"
-
-
-class PatchSkipped(RuntimeError):
-    """Raised in strict mode when a patch cannot be applied; the message says why."""
-
-
-@dataclass(frozen=True)
-class SourcePin:
-    """A function a patch relies on without wrapping it: its source hash is watched by the drift check."""
-
-    module: str
-    qualname: str
-    sha256: str  # of the function's source text with trailing whitespace stripped per line
-    why: str
-    source: str = ""
-    also: tuple[str, ...] = ()  # hashes of other releases whose change was read and found irrelevant
-
-
-@dataclass(frozen=True)
-class Target:
-    module: str
-    attr: str
-    pins: tuple[Pin, ...]
-    wrap: Callable[[Callable, "Site"], Callable]
-    why: str = ""
-
-    @property
-    def location(self) -> str:
-        return f"{self.module}.{self.attr}"
-
-
-@dataclass(frozen=True)
-class Patch:
-    name: str
-    summary: str
-    targets: tuple[Target, ...]
-    kernel_module: str | None = None
-    order: int = 50  # among patches on one target: lower is outer (asked first)
-    relies_on: tuple[SourcePin, ...] = ()
-    check: str | None = None  # "module:function" of the equivalence check `aiter-patches verify` runs
-    # a patch of a server's code: stays inactive (not pending) where that top-level package is not installed
-    requires: str | None = None
-    # a further gate after a target's pin matched (e.g. a source hash): a reason skips the patch
-    precheck: Callable[[Target, Callable], str | None] | None = None
-    # after every binding of the patch is committed (under the registry lock): (site, original) per target.
-    # What it changes must be undoable by revert (e.g. through ``unwrap_foreign(..., owner=name)``); it may not raise.
-    after_apply: Callable[[list[tuple["Site", Callable]]], None] | None = None
-
-
-@dataclass
-class Site:
-    """What a wrapper factory gets: which pin matched, a binder for it, and the patch's counters."""
-
-    patch: Patch
-    target: Target
-    pin: Pin
-    binder: Binder
-    counters: PatchCounters
 
 
 @dataclass
@@ -173,13 +125,9 @@ def patches() -> list[Patch]:
 
 # ---------------------------------------------------------------- environment
 
-def _env_flag_off(value: str) -> bool:
-    return value.strip().lower() in ("0", "false", "no", "off")
-
-
 def _env_disabled(known: Sequence[str]) -> tuple[set[str], str]:
     """Names disabled by the environment, and the reason text; raises on unknown names."""
-    if _env_flag_off(os.environ.get("AITER_PATCHES", "1")):
+    if env_flags.env_false("AITER_PATCHES"):
         return set(known), "AITER_PATCHES=0"
     raw = os.environ.get("AITER_PATCHES_DISABLE", "")
     names = {n.strip() for n in raw.split(",") if n.strip()}
@@ -275,11 +223,7 @@ def _installed(package: str) -> bool:
 
 
 def _target_modules(p: Patch) -> list[str]:
-    seen: list[str] = []
-    for t in p.targets:
-        if t.module not in seen:
-            seen.append(t.module)
-    return seen
+    return list(p.modules)
 
 
 def _apply_or_defer(p: Patch, just_executed: str | None = None) -> None:

@@ -180,7 +180,14 @@ def from_schema(schema: Any) -> Signature:
     return Signature(tuple(params))
 
 
-def _schema_for(fn: Callable, namespaces: Sequence[str]) -> Any | None:
+def torch_op_schema(fn: Callable, namespaces: Sequence[str]) -> Any | None:
+    """The schema of the torch custom op ``fn`` stands for, or None: the one place that reads torch's ``_schema``.
+
+    ``torch.ops.<ns>.<name>.default._schema`` is torch's private attribute, so it
+    is read here only, for the first namespace that registers ``fn.__name__`` (or
+    the name of what ``fn.__wrapped__`` is); an op without a ``default``
+    overload, a namespace that raises, or a torch without the attribute: None.
+    """
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
@@ -211,7 +218,7 @@ def from_callable(fn: Callable, *, schema_namespaces: Sequence[str] = ("aiter",)
         raise SignatureUnavailable(f"inspect.signature failed: {exc}") from None
     if not sig.is_opaque():
         return sig
-    schema = _schema_for(fn, schema_namespaces)
+    schema = torch_op_schema(fn, schema_namespaces)
     if schema is not None:
         return from_schema(schema)
     name = getattr(fn, "__name__", repr(fn))

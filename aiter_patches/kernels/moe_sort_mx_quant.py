@@ -50,19 +50,20 @@ AMD and the Triton interpreter. The launch path never syncs: no ``.item()``, onl
 
 from __future__ import annotations
 
-import struct
+import math
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from .. import aiter_contract as contract
 from .fast_launch import launch
 
 # One launch while each program's redundant count of all pairs stays short; above it three
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
 ONE_LAUNCH_MAX_PAIRS = 2048
-FUSED_QUANT_MAX_PAIRS = 2048  # AITER fuses the stage-1 quant up to 8 * 256 / topk tokens ("auto" semantics)
+FUSED_QUANT_MAX_PAIRS = contract.STAGE1_FUSED_MAX_PAIRS  # AITER fuses the stage-1 quant up to it ("auto")
 CHUNK_PAIRS = 512
 # Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
@@ -88,20 +89,17 @@ MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
 INT32_LIMIT = 2**31 - 1
 
-_FP_FORMATS = {
-    # integer description of each element format: mantissa bits, min normal exponent, max
-    # magnitude code, byte of a non-finite element (-1: saturate, sign kept), whether -0 keeps
-    # its sign, sign bit, fp32 bits of 1 / max_pos (AITER's constant). fp8 NaN is -max_pos
-    # whatever its sign: AITER clamps with v_med3_f32(x, -max, max) before v_cvt_pk_fp8_f32
-    # (aiter_opus_plus.h:51-75 at e4048607a5), and med3 of a NaN is its min operand.
-    torch.float4_e2m1fn_x2: dict(FP4=True, MB=1, EMIN=0, MAXC=0x7, NANC=-1, SIGNED_ZERO=True,
-                                 SIGN_SHIFT=3, INV_MAX_BITS=0x3E2AAAAB),
-    torch.float8_e4m3fn: dict(FP4=False, MB=3, EMIN=-6, MAXC=0x7E, NANC=0xFE, SIGNED_ZERO=True,
-                              SIGN_SHIFT=7, INV_MAX_BITS=0x3B124925),
-    torch.float8_e4m3fnuz: dict(FP4=False, MB=3, EMIN=-7, MAXC=0x7F, NANC=0xFF, SIGNED_ZERO=False,
-                                SIGN_SHIFT=7, INV_MAX_BITS=0x3B888889),
-}
-_AMAX_FLOOR_BITS = struct.unpack("<I", struct.pack("<f", 1e-10))[0]
+
+def _kernel_format(fmt: contract.MxFormat) -> dict:
+    """An element format as the kernels' constexprs (NANC -1: saturate, sign kept)."""
+    return dict(FP4=fmt is contract.FP4_E2M1, MB=fmt.mant_bits, EMIN=fmt.min_exp, MAXC=fmt.max_code,
+                NANC=-1 if fmt.nan_code is None else fmt.nan_code, SIGNED_ZERO=fmt.neg_zero,
+                SIGN_SHIFT=fmt.sign_shift, INV_MAX_BITS=fmt.inv_max_pos_bits)
+
+
+_FP_FORMATS = {dtype: _kernel_format(contract.mx_format(dtype))
+               for dtype in (torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m3fnuz)}
+_AMAX_FLOOR_BITS = contract.AMAX_FLOOR_BITS
 _empty = torch.empty  # every output allocation goes through here (tests poison it)
 _MOE_BUF_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -560,8 +558,7 @@ def _round_up(a: int, b: int) -> int:
 
 def sort_sizes(num_tokens: int, topk: int, num_experts: int, block_size: int) -> tuple[int, int]:
     """``(max_num_tokens_padded, max_num_m_blocks)`` as AITER allocates them."""
-    n = num_tokens * topk + num_experts * block_size - topk
-    return n, (n + block_size - 1) // block_size
+    return contract.sort_buffer_sizes(num_tokens * topk, topk, num_experts, block_size)
 
 
 def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_size, expert_mask,
@@ -582,7 +579,7 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
         return f"num_experts {num_experts} < topk {K}"
     if block_size not in (16, 32, 64, MAX_BLOCK):
         return f"block_size {block_size} not in 16/32/64/128"
-    if M >= 1 << 24:
+    if M >= 1 << contract.TOKEN_BITS:
         return f"tokens {M} do not fit the 24-bit token field"
     n_sorted, _ = sort_sizes(M, K, num_experts, block_size)
     if n_sorted > INT32_LIMIT // 4:
@@ -624,7 +621,7 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
         N = quant_input.shape[1]
         if N % 32 or not 32 <= N <= MAX_MODEL_DIM:
             return f"quant_input width {N} not a multiple of 32 in 32..{MAX_MODEL_DIM}"
-        if _round_up(n_sorted, 32) * _round_up(N // 32, 8) > INT32_LIMIT:
+        if math.prod(contract.mx_scale_shape(n_sorted, N)) > INT32_LIMIT:
             return f"tokens {M} > int32 offset limit (scale buffer)"
         if M * max(quant_input.stride(0), N) > INT32_LIMIT * 2:
             return f"tokens {M} > int32 offset limit (quant input)"
@@ -672,8 +669,8 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     x, q_out, s_out = topk_weights, sorted_weights, sorted_weights
     if quant_input is not None:
         N = quant_input.shape[1]
-        G = N // 32
-        snp = _round_up(G, 8)
+        G = N // contract.MX_GROUP
+        scale_rows, snp = contract.mx_scale_shape(n_sorted, N)
         fmt = _FP_FORMATS[quant_dtype]
         if quant_semantics == "auto":
             fused = M * K <= FUSED_QUANT_MAX_PAIRS
@@ -683,7 +680,7 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
             raise ValueError(f"quant_semantics {quant_semantics!r}")
         data_cols = N // 2 if fmt["FP4"] else N
         q_out = _empty(M, data_cols, dtype=quant_dtype, device=dev)
-        s_out = _empty(_round_up(n_sorted, 32), snp, dtype=torch.float8_e8m0fnu, device=dev)
+        s_out = _empty(scale_rows, snp, dtype=torch.float8_e8m0fnu, device=dev)
         quant = (q_out, s_out)
         x = quant_input
 

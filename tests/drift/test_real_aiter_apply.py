@@ -16,7 +16,7 @@ import pytest
 from aiter_patches import drift
 
 BODY = r"""
-import json, sys
+import importlib, json, sys
 import aiter_patches
 from aiter_patches import registry
 
@@ -31,7 +31,9 @@ def states(report):
 out = {}
 before_import = aiter_patches.apply()
 out["before_import"] = states(before_import)
-import aiter, aiter.fused_moe, aiter.ops.gemm_op_a8w8  # the post-import hooks run here
+import aiter  # the post-import hooks run here, and at each module the registry's patches target in AITER
+for module in sorted({m for p in registry.patches() for m in p.modules if m.split(".")[0] == "aiter"}):
+    importlib.import_module(module)
 out["aiter_file"] = aiter.__file__
 out["after_hook"] = {r["name"]: [r["state"], r["reason"]] for r in registry.status()["patches"]}
 snap = bindings()

@@ -9,10 +9,8 @@ installed: ``expected_on_stand_in()`` says so.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from aiter_patches import registry
-from aiter_patches.stub_aiter import STUB_ROOT
+from aiter_patches.testing import stand_in_has
 
 
 def names() -> list[str]:
@@ -25,7 +23,7 @@ def patch(name: str):
 
 
 def modules(name: str) -> list[str]:
-    return list(dict.fromkeys(t.module for t in patch(name).targets))
+    return list(patch(name).modules)
 
 
 def locations(name: str) -> list[str]:
@@ -34,8 +32,7 @@ def locations(name: str) -> list[str]:
 
 def on_stand_in(module: str) -> bool:
     """Whether the stand-in AITER has this module (read from its files: nothing is imported)."""
-    path = Path(STUB_ROOT, *module.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    return stand_in_has(module)
 
 
 def stand_in_names() -> list[str]:
@@ -63,6 +60,11 @@ def outermost_at(location: str) -> str:
     """The patch whose wrapper is the head of the chain at ``location`` (lowest order)."""
     on_it = [p for p in registry.patches() if location in (t.location for t in p.targets)]
     return min(on_it, key=lambda p: (p.order, p.name)).name
+
+
+def on_location(location: str) -> list[str]:
+    """The patches that wrap ``location``, in declared order."""
+    return [n for n in names() if location in locations(n)]
 
 
 def shared_location() -> str:
