@@ -3,7 +3,8 @@
 Importing this package imports no AITER module: patch modules declare targets by
 module path and import their kernels lazily, on the first fast-path call.
 Patches that wrap the same function chain by ``order`` (lower is outer):
-``moe_addend_fold`` (10) -> ``sort_extension`` (20) -> ``moe_sort_mx_quant`` (30) -> AITER.
+``moe_addend_fold`` (10) -> ``sort_extension`` (20) -> ``moe_sort_mx_quant`` (30) -> AITER; these
+three share one wrapper per target, whose steps run in moe_pipeline.py's order.
 ``sglang_takeover`` (35) patches SGLang, not AITER: it is applied after ``moe_sort_mx_quant``.
 """
 

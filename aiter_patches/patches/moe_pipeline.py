@@ -220,11 +220,18 @@ class _Checked:
         setattr(self._obj, name, value)
 
 
+def _tracing() -> bool:
+    """Under torch.compile's tracing the checking proxy is not traced (Dynamo cannot follow ``__getattr__``)."""
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
 def _step_fn(f: Feature, method: str, site) -> Callable[[Any, Any], None]:
     fn = getattr(f, method)
 
     def run(call, step):
-        if _CHECKING[0]:
+        if _CHECKING[0] and not _tracing():
             fn(site, None if call is None else _Checked(call, f, "call"), _Checked(step, f, step.PREFIX))
         else:
             fn(site, call, step)

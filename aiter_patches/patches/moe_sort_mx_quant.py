@@ -325,7 +325,7 @@ PATCH = Patch(
     summary="MoE sort + moe_buf zero-fill + stage-1 MX (fp4/fp8) activation quant in one Triton launch",
     targets=(
         moe_pipeline.target(moe_pipeline.FUSED_MOE, NAME,
-                            "Predicts the stage-1 MX quant from the arguments and opens the per-call plan."),
+                            "Predicts the stage-1 MX quant from the arguments and opens the per-call hand-off."),
         moe_pipeline.target(moe_pipeline.SORT, NAME, "Looked up in aiter.fused_moe's globals by moe_sorting at "
                                                      "call time: the one-launch sort (+ quant)."),
         *moe_pipeline.stage1_quant_targets(NAME, "the sort"),

