@@ -117,7 +117,8 @@ class AddendFold(moe_pipeline.Feature):
     def decide_fold(self, site, call, step) -> None:
         if call is None or call.addend is None or call.addend_state != PENDING:
             return
-        blocker = step.problems[0] if step.problems else fold_blocker(step.arguments, call)
+        bound, problems = step.bind()
+        blocker = problems[0] if problems else fold_blocker(bound, call)
         if blocker is not None:
             call.addend_state = ADD_AFTER
             site.counters.fallback(blocker)

@@ -9,7 +9,7 @@ steps in the order of the table below, passing one plan (:class:`moe_call.MoeCal
 per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
 :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
 writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
-read the bound ``arguments`` and ``problems``); under :func:`checking` an undeclared
+read the bound arguments: ``arguments`` and ``problems``, ``bind()`` on the sort's step); under :func:`checking` an undeclared
 access raises :class:`UndeclaredField`.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
@@ -67,6 +67,7 @@ skips that feature's steps, as the chained wrappers did.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Iterator
 
 from . import moe_call, pins
@@ -101,7 +102,7 @@ STEPS: dict[str, tuple] = {
         ("moe_addend_fold", "start_from_addend"),
     ),
 }
-ALWAYS_READABLE = frozenset({"arguments", "problems"})
+ALWAYS_READABLE = frozenset({"arguments", "problems", "bind"})
 
 
 class UndeclaredField(AttributeError):
@@ -151,36 +152,28 @@ class FusedMoeStep:
 
 
 class SortStep:
-    """One ``_moe_sorting_impl`` call; the arguments are bound at the first step that reads them."""
+    """One ``_moe_sorting_impl`` call. Its arguments are bound at the first step that reads them
+    (binding costs microseconds; a call no step looks at is not bound). The step fields' defaults
+    are class attributes: a call sets only what its steps write."""
 
-    __slots__ = ("_binder", "_args", "_kwargs", "_bound", "_problems", "extensions", "sort_call", "outputs",
-                 "folding", "addend_offer", "addend_written")
     FIELDS = frozenset({"extensions", "sort_call", "outputs", "folding", "addend_offer", "addend_written"})
     PREFIX = "sort"
+    extensions: tuple = ()
+    sort_call = None
+    outputs = None
+    folding = False
+    addend_offer = None  # the addend, when the one-launch sort may write it as moe_buf's fill
+    addend_written = False
+    _bound = None
 
     def __init__(self, binder, args: tuple, kwargs: dict):
-        self._binder, self._args, self._kwargs, self._bound, self._problems = binder, args, kwargs, None, None
-        self.extensions: tuple = ()
-        self.sort_call = None
-        self.outputs = None
-        self.folding = False
-        self.addend_offer = None  # the addend, when the one-launch sort may write it as moe_buf's fill
-        self.addend_written = False
+        self._binder, self._args, self._kwargs = binder, args, kwargs
 
-    def _bind(self) -> None:
-        self._bound, self._problems = self._binder.bind(self._args, self._kwargs)
-
-    @property
-    def arguments(self) -> dict:
+    def bind(self) -> tuple[dict, list]:
+        """``(arguments, problems)``: the call's arguments by name, and what the pin does not explain."""
         if self._bound is None:
-            self._bind()
+            self._bound = self._binder.bind(self._args, self._kwargs)
         return self._bound
-
-    @property
-    def problems(self) -> list:
-        if self._bound is None:
-            self._bind()
-        return self._problems
 
 
 # ---------------------------------------------------------------- declared access
@@ -227,37 +220,41 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
-def _step_fn(f: Feature, method: str, site) -> Callable[[Any, Any], None]:
+def _checked_step(f: Feature, method: str, site) -> Callable[[Any, Any], None]:
     fn = getattr(f, method)
 
     def run(call, step):
-        if _CHECKING[0] and not _tracing():
-            fn(site, None if call is None else _Checked(call, f, "call"), _Checked(step, f, step.PREFIX))
-        else:
+        if _tracing():
             fn(site, call, step)
+        else:
+            fn(site, None if call is None else _Checked(call, f, "call"), _Checked(step, f, step.PREFIX))
 
     return run
 
 
 class _Stages:
-    """The steps of one target for one set of engaged features, resolved to callables."""
+    """The steps of one target for one set of engaged features, resolved to callables ``(call, step)``."""
 
-    __slots__ = ("before", "after", "refusals", "sites")
+    __slots__ = ("plain", "checked", "refusals", "sites")
 
     def __init__(self, kind: str, layers: tuple):
         sites = {name: site for name, site in layers}
         self.sites = tuple(sites.values())
-        self.before, self.after = [], []
-        into = self.before
+        plain: tuple[list, list] = ([], [])
+        checked: tuple[list, list] = ([], [])
+        half = 0
         for step in STEPS.get(kind, ()):
             if step == AITER:
-                into = self.after
+                half = 1
                 continue
             name, method = step
             if name in sites:
-                into.append(_step_fn(FEATURES[name], method, sites[name]))
-        self.before, self.after = tuple(self.before), tuple(self.after)
+                plain[half].append(functools.partial(getattr(FEATURES[name], method), sites[name]))
+                checked[half].append(_checked_step(FEATURES[name], method, sites[name]))
+        self.plain = (tuple(plain[0]), tuple(plain[1]))
+        self.checked = (tuple(checked[0]), tuple(checked[1]))
         self.refusals = tuple((FEATURES[n].refuse, s) for n, s in sites.items())
+
 
 
 # ---------------------------------------------------------------- the wrappers
@@ -332,7 +329,7 @@ def _build_fused_moe(kind, original, layers, guards):
     cache: dict = {}
 
     def fused_moe(*args, **kwargs):
-        stages = armed()
+        stages = armed() if guards else full
         given = {}
         for k in stages.keywords:
             v = kwargs.pop(k, None)
@@ -348,18 +345,20 @@ def _build_fused_moe(kind, original, layers, guards):
             return original(*args, **kwargs)
         call, new = joined_or_new(bound)
         step = FusedMoeStep(bound, given)
-        for run in engaged.before:
+        before, after = engaged.checked if _CHECKING[0] else engaged.plain
+        for run in before:
             run(call, step)
         if new:
             with scope(call):
                 step.output = original(*args, **kwargs)
         else:
             step.output = original(*args, **kwargs)
-        for run in engaged.after:
+        for run in after:
             run(call, step)
         return step.output
 
     armed = _armed(kind, layers, guards, fused_moe.__code__, cache)
+    full = armed()
     return fused_moe
 
 
@@ -368,20 +367,23 @@ def _build_sort(kind, original, layers, guards):
     cache: dict = {}
 
     def _moe_sorting_impl(*args, **kwargs):
-        stages = armed()
-        call = moe_call.current()
+        stages = armed() if guards else full
+        call = current()
         if call is not None:
             call.sort_reached = True
         step = SortStep(binder, args, kwargs)
-        for run in stages.before:
+        before, after = stages.checked if _CHECKING[0] else stages.plain
+        for run in before:
             run(call, step)
         if step.outputs is None:
             step.outputs = original(*args, **kwargs)
-        for run in stages.after:
+        for run in after:
             run(call, step)
         return step.outputs
 
     armed = _armed(kind, layers, guards, _moe_sorting_impl.__code__, cache)
+    full = armed()
+    current = moe_call._CALL.get
     return _moe_sorting_impl
 
 

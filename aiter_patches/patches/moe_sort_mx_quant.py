@@ -183,10 +183,10 @@ class SortMxQuant(moe_pipeline.Feature):
         if step.outputs is not None:
             return
         counters = site.counters
-        if step.problems:
-            counters.fallback(step.problems[0])
+        bound, problems = step.bind()
+        if problems:
+            counters.fallback(problems[0])
             return
-        bound = step.arguments
         reason = python_level_reason(bound) or runtime.triton_backend_reason(bound["topk_ids"].device)
         if reason is not None:
             counters.fallback(reason)

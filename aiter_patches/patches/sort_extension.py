@@ -239,16 +239,17 @@ class SortExtensionHook(moe_pipeline.Feature):
         stack = active()
         if not stack:
             return
-        if step.problems:
-            site.counters.fallback(step.problems[0])
+        bound, problems = step.bind()
+        if problems:
+            site.counters.fallback(problems[0])
             return
         step.extensions = stack
-        step.sort_call = SortCall(MappingProxyType({**_defaults_of(site), **step.arguments}))
+        step.sort_call = SortCall(MappingProxyType({**_defaults_of(site), **bound}))
 
     def offer_sort(self, site, call, step) -> None:
         if not step.extensions or step.outputs is not None:
             return
-        bound = step.arguments
+        bound, _ = step.bind()
         if bound.get("return_local_topk_ids") or bound.get("output_aux"):
             site.counters.fallback("return_local_topk_ids/output_aux: extensions are not offered calls with extra outputs")
             return
