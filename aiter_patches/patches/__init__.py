@@ -4,7 +4,8 @@ Why found, not listed: a new patch is its own module here and nothing else
 (README "Adding a patch"); the registry, ``status()``, ``verify``, the drift
 check, SIGNATURES.md and the tests take it from the registry. The order among
 patches that wrap the same function is each ``Patch.order`` (lower is outer):
-``moe_addend_fold`` (10) -> ``sort_extension`` (20) -> ``moe_sort_mx_quant`` (30) -> AITER;
+``moe_addend_fold`` (10) -> ``sort_extension`` (20) -> ``moe_sort_mx_quant`` (30) -> AITER; these
+three share one wrapper per target, whose steps run in moe_pipeline.py's order.
 ``sglang_takeover`` (35) patches SGLang, not AITER, and is applied after ``moe_sort_mx_quant``.
 
 Importing this package imports no AITER module: patch modules declare targets by
