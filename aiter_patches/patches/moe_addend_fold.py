@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from .. import foreign_layers
-from ..registry import Patch
+from ..declarations import Patch
 from . import moe_pipeline, pins, relied_on, sort_extension
 from .moe_call import ADD_AFTER, FOLDED, PENDING
 

@@ -19,6 +19,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ..aiter_contract import MX_GROUP
+
 _CALL: ContextVar["MoeCall | None"] = ContextVar("aiter_patches_moe_call", default=None)
 
 PENDING, FOLDED, ADD_AFTER = "pending", "folded", "add-after"
@@ -130,8 +132,8 @@ def quant_mismatch(q: StageOneQuant, bound: dict, kind: str) -> str | None:
         return "another num_valid_ids buffer"
     if bound.get("sorted_weights") is not q.sorted_weights:
         return "another sorted_weights buffer"
-    if bound.get("group_size", 32) != 32:
-        return f"group_size {bound.get('group_size')} (fast path: 32)"
+    if bound.get("group_size", MX_GROUP) != MX_GROUP:
+        return f"group_size {bound.get('group_size')} (fast path: {MX_GROUP})"
     if q.block_size is not None and bound.get("block_size") != q.block_size:
         return f"block_size {bound.get('block_size')} != the sort's {q.block_size}"
     import torch

@@ -419,7 +419,7 @@ _BUILDERS = {FUSED_MOE: _build_fused_moe, SORT: _build_sort,
 
 def target(kind: str, name: str, why: str):
     """The registry :class:`Target` of feature ``name`` on AITER's ``kind``, served by the pipeline."""
-    from ..registry import Target
+    from ..declarations import Target
 
     return Target(MODULE, kind, _PINS[kind], wrapper(kind, name), why)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 
 from .. import foreign_layers, runtime
-from ..registry import Patch
+from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
+from ..declarations import Patch
 from . import moe_call, moe_pipeline, relied_on
 from .moe_call import StageOneQuant, enum_value, tensor_key
 
@@ -255,7 +256,7 @@ def aiter_sort_launches(tokens: int, num_experts: int, topk: int, dispatch_polic
         _OPUS_WORKSPACE[key] = ws
     if ws == 0:
         return 1
-    return 2 if tokens < 2048 else 4
+    return 2 if tokens < SORT_FOUR_LAUNCHES_MIN_TOKENS else 4
 
 
 def sort_only_reason(bound: dict, kernel) -> str | None:

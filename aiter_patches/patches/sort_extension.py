@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
-from ..registry import Patch
+from ..aiter_contract import mx_scale_shape, sort_buffer_sizes
+from ..declarations import Patch
 from . import moe_pipeline, relied_on
 from .moe_call import StageOneQuant
 
@@ -136,8 +137,7 @@ def expected_outputs(arguments: Mapping[str, Any]) -> dict[str, tuple[tuple[int,
     topk_ids = arguments["topk_ids"]
     M, topk = topk_ids.shape
     E, block = int(arguments["num_experts"]), int(arguments["block_size"])
-    padded = topk_ids.numel() + E * block - topk
-    blocks = (padded + block - 1) // block
+    padded, blocks = sort_buffer_sizes(topk_ids.numel(), topk, E, block)
     zeroed = arguments.get("accumulate", True) or arguments.get("expert_mask") is not None
     buf_shape = (M, int(arguments["model_dim"])) if zeroed else (0, 0)
     return {
@@ -190,7 +190,7 @@ def _validate_quant(ext: SortExtension, arguments: Mapping[str, Any], sorted_ids
             f"SortExtension '{ext.name}': quant data is {list(data.shape)} {data.dtype}; "
             f"stage 1 expects {list(want_data)} fp4x2 or fp8"
         )
-    want_scale = ((sorted_ids.shape[0] + 31) // 32 * 32, ((model_dim + 31) // 32 + 7) // 8 * 8)
+    want_scale = mx_scale_shape(sorted_ids.shape[0], model_dim)
     if tuple(scale.shape) != want_scale or scale.dtype != torch.float8_e8m0fnu:
         raise SortExtensionError(
             f"SortExtension '{ext.name}': quant scale is {list(scale.shape)} {scale.dtype}; "
