@@ -10,6 +10,8 @@ Patches that wrap the same function chain by ``order`` (lower is outer):
 
 from . import gemm_dispatch_out_zeroed, gemm_out_zeroed, moe_addend_fold, moe_sort_mx_quant, sglang_takeover, sort_extension
 
+from ..integrations import sglang_shared_fold  # noqa: E402  (server patches, opt-in)
+
 BUILTIN_PATCHES = [
     moe_addend_fold.PATCH,
     sort_extension.PATCH,
@@ -17,4 +19,5 @@ BUILTIN_PATCHES = [
     sglang_takeover.PATCH,
     gemm_dispatch_out_zeroed.PATCH,
     gemm_out_zeroed.PATCH,
+    sglang_shared_fold.PATCH,
 ]
