@@ -40,22 +40,22 @@ def on_stand_in(module: str) -> bool:
 
 def stand_in_names() -> list[str]:
     """The patches every module of which the stand-in has: they apply on it."""
-    return [n for n in names() if all(on_stand_in(m) for m in modules(n)) and not _opt_in_off(n)]
+    return [n for n in names() if all(on_stand_in(m) for m in modules(n)) and not opt_in_off(n)]
 
 
 def expected_on_stand_in() -> dict[str, str]:
     """Each patch's state once every stand-in module is imported and ``apply()`` ran."""
     ok = set(stand_in_names())
-    return {n: "disabled" if _opt_in_off(n) else "applied" if n in ok else "inactive" if _requires_missing(n)
+    return {n: "disabled" if opt_in_off(n) else "applied" if n in ok else "inactive" if _requires_missing(n)
             else "pending" for n in names()}
 
 
 def expected_before_import() -> dict[str, str]:
     """Each patch's state after ``apply()`` with nothing of AITER imported yet."""
-    return {n: "disabled" if _opt_in_off(n) else "inactive" if _requires_missing(n) else "pending" for n in names()}
+    return {n: "disabled" if opt_in_off(n) else "inactive" if _requires_missing(n) else "pending" for n in names()}
 
 
-def _opt_in_off(name: str) -> bool:
+def opt_in_off(name: str) -> bool:
     """A server integration the switch (AITER_PATCHES_INTEGRATIONS) leaves off: disabled whatever is installed."""
     from aiter_patches.integrations import switch
 
