@@ -14,6 +14,7 @@ import os
 from typing import Iterable
 
 ENV = "AITER_PATCHES_INTEGRATIONS"
+GROUPS = ("sglang", "vllm")  # a group may have no integration yet (vLLM's data flow: README)
 
 
 def requested(groups: dict[str, str]) -> set[str]:
@@ -22,7 +23,7 @@ def requested(groups: dict[str, str]) -> set[str]:
     words = {w.strip() for w in raw.split(",") if w.strip()}
     if not words:
         return set()
-    known = set(groups) | set(groups.values()) | {"all"}
+    known = set(groups) | set(groups.values()) | set(GROUPS) | {"all"}
     unknown = sorted(words - known)
     if unknown:
         raise ValueError(f"{ENV} names unknown integration(s) {', '.join(unknown)}; known: "
