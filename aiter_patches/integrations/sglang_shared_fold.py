@@ -96,6 +96,10 @@ FUSED_SCALE_METHODS = frozenset({"Mxfp4FlashinferTrtllmMoEMethod", "Mxfp4Flashin
                                  "Mxfp4MarlinMoEMethod", "ExpertPackMoEMethod"})
 
 
+NO_SHARED = "no shared-expert output on the scope's stream before the routed call"
+NOT_REACHED = "the routed call did not reach AITER's fused_moe (SGLang's small-M kernel or another runner)"
+
+
 @dataclass
 class _Scope:
     hidden_states: Any
@@ -172,11 +176,17 @@ def _forward_normal_wrapper(inner, site):
         if reason is not None:
             counters.fallback(reason)
             return inner(*args, **kwargs)
-        token = _scope.set(_Scope(hs, _stream(hs.device)))
+        scope = _Scope(hs, _stream(hs.device))
+        token = _scope.set(scope)
         try:
-            return inner(*args, **kwargs)
+            result = inner(*args, **kwargs)
         finally:
             _scope.reset(token)
+        if scope.shared is None:
+            counters.fallback(NO_SHARED)
+        elif not scope.offered:
+            counters.fallback(NOT_REACHED)
+        return result
 
     return moe_call.like(forward_normal, inner)
 
@@ -186,7 +196,7 @@ def _shared_experts_wrapper(inner, site):
         out = inner(self, hidden_states, *args, **kwargs)
         scope = _scope.get()
         if (scope is not None and scope.shared is None and not scope.offered and hidden_states is scope.hidden_states
-                and out is not None and _stream(hidden_states.device) is scope.stream):
+                and out is not None and _stream(hidden_states.device) == scope.stream):  # Stream objects compare by handle
             scope.shared = out
         return out
 
@@ -226,7 +236,7 @@ def _fused_moe_wrapper(inner, site):
             elif tuple(add.shape) != (ids.shape[0], w2.shape[1]) or add.dtype != dtype or add.device != ids.device:
                 reason = (f"shared output {list(add.shape)} {add.dtype} is not fused_moe's output "
                           f"[{ids.shape[0]}, {w2.shape[1]}] {dtype} (hidden_pad, other dtype)")
-            elif _stream(ids.device) is not scope.stream:
+            elif _stream(ids.device) != scope.stream:
                 reason = "the routed call runs on another stream than the shared experts"
         if reason is not None:
             counters.fallback(reason)

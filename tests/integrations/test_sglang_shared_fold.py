@@ -190,3 +190,33 @@ def test_revert_restores_the_methods(sglang_tree, stub, on):
     aiter_patches.revert()
     assert (ds.DeepseekV2MoE.forward_normal, ds.DeepseekV2MoE._forward_shared_experts,
             ds.maybe_fuse_routed_scale_and_shared_add) == before
+
+
+def test_a_shared_output_from_another_stream_is_not_folded(sglang_tree, stub, device, on, monkeypatch):
+    from aiter_patches.integrations import sglang_shared_fold as fold
+
+    import_all(stub)
+    layer, x = make_layer(device)
+    with suspended():
+        ref = layer.forward_normal(x)
+    aiter_patches.apply()
+    streams = iter(["main", "alt", "main", "main"])  # forward_normal opens on main; the shared experts see alt
+    monkeypatch.setattr(fold, "_stream", lambda device: next(streams))
+    out = layer.forward_normal(x)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    assert aiter_patches.stats()[NAME]["fallback"] == {fold.NO_SHARED: 1}
+
+
+def test_a_routed_call_that_skips_fused_moe_is_counted(sglang_tree, stub, device, on, monkeypatch):
+    from aiter_patches.integrations import sglang_shared_fold as fold
+
+    import_all(stub)
+    layer, x = make_layer(device)
+    with suspended():
+        ref = layer.forward_normal(x)
+        routed = layer.experts(x, None)
+    aiter_patches.apply()
+    monkeypatch.setattr(FakeExperts, "__call__", lambda self, hs, topk: routed.clone())  # like SGLang's small-M kernel
+    out = layer.forward_normal(x)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    assert aiter_patches.stats()[NAME]["fallback"] == {fold.NOT_REACHED: 1}
