@@ -266,6 +266,65 @@ def _fuse_add_wrapper(inner, site):
     return moe_call.like(maybe_fuse_routed_scale_and_shared_add, inner)
 
 
+def check(device):
+    """``aiter-patches verify``: SGLang's own ``forward_normal`` on a minimal layer, folded vs. as shipped.
+
+    The layer is a stand-in object with the attributes SGLang's code reads (shared experts a bf16 matmul,
+    routed experts one ``aiter.fused_moe.fused_moe`` call as SGLang's AITER runner makes it); the result
+    must be within the fold's bound of SGLang's own sum, and the fold must have been taken.
+    """
+    import types
+
+    import torch
+
+    from .. import registry
+    from ..checks import CheckResult, _stand_in_moe_inputs
+    from ..verify import suspended
+
+    kind = "bound: 2-norm rel. error <= 1e-2 vs SGLang's forward_normal"
+    ds = sys.modules[MODULE]
+    args = _stand_in_moe_inputs(device, M=6, E=8, topk=2, dim=256, inter=128, quant="bf16", seed=7)
+    w = (torch.randn(256, 256, generator=torch.Generator().manual_seed(9)) / 16).to(torch.bfloat16).to(device)
+
+    class _Experts:
+        moe_runner_config = types.SimpleNamespace(inplace=True)
+        quant_method = object()
+
+        def __call__(self, hidden_states, topk_output):
+            return sys.modules["aiter.fused_moe"].fused_moe(hidden_states, args["w1"], args["w2"],
+                                                             args["topk_weight"], args["topk_ids"])
+
+    class _Shared:
+        gate_up_proj = None
+
+        def __call__(self, x, gemm_output_zero_allocator=None):
+            return x @ w
+
+    layer = ds.DeepseekV2MoE.__new__(ds.DeepseekV2MoE)
+    torch.nn.Module.__init__(layer)
+    for k, v in dict(experts=_Experts(), shared_experts=_Shared(), num_fused_shared_experts=0,
+                     _fuse_shared_experts_inside_sbo=False, _shared_expert_tp1=False, routed_scaling_factor=2.5,
+                     routed_scaling_factor_fused_in_topk=True, reduce_results=False, is_hash=False,
+                     _maybe_quant_moe_input_once=lambda x: None,
+                     gate=lambda x, *a: x[:, :8].float(),
+                     topk=lambda x, logits, **kw: (args["topk_weight"], args["topk_ids"])).items():
+        object.__setattr__(layer, k, v)
+    x = args["hidden_states"]
+    before = registry.stats()[NAME]["fast"]
+    try:
+        folded = layer.forward_normal(x)
+    except Exception as exc:  # SGLang's helpers this layer does not stand in for (a newer SGLang, another platform)
+        return CheckResult(kind, False, f"SGLang's forward_normal raised on the check's layer: {type(exc).__name__}: {exc}")
+    taken = registry.stats()[NAME]["fast"] > before
+    with suspended():
+        ref = layer.forward_normal(x)
+    err = ((folded.float() - ref.float()).norm() / ref.float().norm()).item()
+    ok = taken and err <= 1e-2
+    detail = f"fold taken; relative error {err:.2e}" if taken else \
+        f"fold not taken ({registry.stats()[NAME]['fallback']})"
+    return CheckResult(kind, ok, detail)
+
+
 def _source_reason(target: Target, original) -> str | None:
     return source_gate.reason(target, original, RELIED_ON)
 
@@ -292,4 +351,5 @@ PATCH = Patch(
     requires="sglang",
     precheck=_source_reason,
     opt_in="sglang",
+    check="aiter_patches.integrations.sglang_shared_fold:check",
 )

@@ -125,7 +125,6 @@ def test_fold_within_bound_and_the_add_is_gone(sglang_tree, stub, device, on):
 @pytest.mark.parametrize("override, reason", [
     (dict(routed_scaling_factor_fused_in_topk=False), "routed_scaling_factor is applied"),
     (dict(_shared_expert_tp1=True), "TP-1 replicated"),
-    (dict(_fuse_shared_experts_inside_sbo=True), "SBO"),
     ("defer", "defer_shared"),
 ])
 def test_paths_that_must_not_fold_run_as_shipped(sglang_tree, stub, device, on, override, reason):
@@ -133,8 +132,6 @@ def test_paths_that_must_not_fold_run_as_shipped(sglang_tree, stub, device, on, 
     layer, x = make_layer(device, **(override if isinstance(override, dict) else {}))
     if override == "defer":
         layer.experts.moe_runner_config.inplace = False
-    if layer._fuse_shared_experts_inside_sbo:
-        pytest.skip("SBO needs SGLang's dispatcher hooks; the gate is checked without running it below")
     with suspended():
         ref = layer.forward_normal(x)
     aiter_patches.apply()
@@ -145,6 +142,7 @@ def test_paths_that_must_not_fold_run_as_shipped(sglang_tree, stub, device, on, 
 
 
 def test_sbo_gate_reason(sglang_tree, stub, device, on):
+    """SBO runs the shared experts in SGLang's dispatcher hooks (not stood in for here): the gate alone."""
     from aiter_patches.integrations.sglang_shared_fold import blocker
 
     import_all(stub)
@@ -220,3 +218,15 @@ def test_a_routed_call_that_skips_fused_moe_is_counted(sglang_tree, stub, device
     out = layer.forward_normal(x)
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
     assert aiter_patches.stats()[NAME]["fallback"] == {fold.NOT_REACHED: 1}
+
+
+def test_the_verify_check_passes_and_fails_when_it_must(sglang_tree, stub, device, on, monkeypatch):
+    from aiter_patches.integrations import sglang_shared_fold as fold
+
+    import_all(stub)
+    aiter_patches.apply()
+    res = fold.check(device)
+    assert res.ok, res.detail
+    monkeypatch.setattr(fold, "blocker", lambda *a: "a reason")  # the fold is not taken: the check must say so
+    res = fold.check(device)
+    assert not res.ok and "a reason" in res.detail
