@@ -79,6 +79,8 @@ class Patch:
     # after every binding of the patch is committed (under the registry lock): (site, original) per target.
     # What it changes must be undoable by revert (e.g. through ``unwrap_foreign(..., owner=name)``); it may not raise.
     after_apply: Callable[[list[tuple["Site", Callable]]], None] | None = None
+    # a server integration (its group, "sglang"/"vllm"): disabled unless AITER_PATCHES_INTEGRATIONS names it
+    opt_in: str | None = None
 
     @property
     def modules(self) -> tuple[str, ...]:

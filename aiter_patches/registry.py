@@ -35,6 +35,7 @@ from .declarations import (  # re-exported: `from aiter_patches.registry import 
     SourcePin,
     Target,
 )
+from .integrations import switch as integrations_switch
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
@@ -188,6 +189,7 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
     known = [p.name for p in all_patches]
     requested = _check_names(names, known, "apply()")
     disabled, why = _env_disabled(known)
+    off = integrations_switch.not_switched_on(all_patches)
     if strict is not None:
         runtime.set_strict(strict)
     with _lock:
@@ -195,10 +197,10 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
             if p.name not in requested:
                 continue
             st = _states[p.name]
-            if p.name in disabled:
+            if p.name in disabled or p.name in off:
                 if st.state in (APPLIED, PENDING):
                     _revert_one(p.name)
-                st.state, st.reason = DISABLED, f"disabled by {why}"
+                st.state, st.reason = DISABLED, f"disabled by {why}" if p.name in disabled else off[p.name]
                 continue
             if st.state in (APPLIED, PENDING):
                 continue  # idempotent: nothing stacks
@@ -313,12 +315,25 @@ def _module_event(module: str, during_import: bool) -> None:
 _MISSING = object()
 
 
+def _dotted_owner(mod: Any, attr: str) -> tuple[Any, str]:
+    """The object holding a target's last name: the module, or a class in it for ``"Class.method"`` targets."""
+    *owners, name = attr.split(".")
+    for part in owners:
+        mod = getattr(mod, part, None) if mod is not None else None
+    return mod, name
+
+
+def _get_dotted(mod: Any, attr: str) -> Any:
+    owner, name = _dotted_owner(mod, attr)
+    return _MISSING if owner is None else getattr(owner, name, _MISSING)
+
+
 def _check_targets(p: Patch, records: list[dict[str, Any]]) -> tuple[str | None, list[tuple[Target, Callable, Pin]]]:
     """Every target present, callable and matching a pin: (None, found), else (the reason, [])."""
     found: list[tuple[Target, Callable, Pin]] = []
     for t in p.targets:
         mod = sys.modules.get(t.module)
-        obj = getattr(mod, t.attr, _MISSING) if mod is not None else _MISSING
+        obj = _get_dotted(mod, t.attr) if mod is not None else _MISSING
         chain = _chains.get((t.module, t.attr))
         original = chain.original if chain is not None else obj
         rec: dict[str, Any] = {"location": t.location, "signature": None, "pin": None, "aliases": []}
@@ -328,7 +343,7 @@ def _check_targets(p: Patch, records: list[dict[str, Any]]) -> tuple[str | None,
         if not callable(original):
             return f"{t.location} is not callable ({type(original).__name__})", []
         try:
-            sig = from_callable(original)
+            sig = from_callable(original, op_names=(t.attr.rpartition(".")[2],))
         except SignatureUnavailable as exc:
             return f"{t.location}: cannot read its signature: {exc}", []
         rec["signature"] = str(sig)
@@ -479,12 +494,12 @@ def _bind(chain: _Chain, old_head: Callable | None, new: Callable, *, strict_hom
     old_ids = {id(old_head)} if old_head is not None else set()
     if not reverting:
         old_ids.add(id(chain.original))
-    home = sys.modules.get(chain.module)
+    home, name = _dotted_owner(sys.modules.get(chain.module), chain.attr)
     if home is not None:
-        held = getattr(home, chain.attr, _MISSING)
+        held = getattr(home, name, _MISSING)
         if id(held) in old_ids:
             try:
-                setattr(home, chain.attr, new)
+                setattr(home, name, new)
             except Exception:
                 if strict_home:
                     raise

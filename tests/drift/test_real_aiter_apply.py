@@ -81,12 +81,17 @@ def test_apply_on_the_real_wheel_skips_with_the_drift_reports_reasons(aiter_whee
     out = json.loads(lines[0][len("RESULT "):])
 
     assert out["aiter_file"].startswith(str(unpacked_wheel))
-    names = set(expected_reasons(aiter_wheel))
+    from aiter_patches import registry
+
+    opt_in = [p.name for p in registry.patches() if p.opt_in]  # server integrations: off unless switched on
+    names = set(expected_reasons(aiter_wheel)) - set(opt_in)
     for key in ("before_import", "after_hook", "immediate"):  # not AITER's: inactive without SGLang
         assert out[key].pop("sglang_takeover") == ["inactive", "sglang is not installed"]
+        for n in opt_in:
+            assert out[key].pop(n)[0] == "disabled"
     assert {n for n, (state, _) in out["before_import"].items()} == names
     assert all(state == "pending" for state, _ in out["before_import"].values())
-    want = {n: ["skipped", r] for n, r in expected_reasons(aiter_wheel).items()}
+    want = {n: ["skipped", r] for n, r in expected_reasons(aiter_wheel).items() if n not in opt_in}
     assert out["after_hook"] == want
     assert out["immediate"] == want
     assert sorted(out["reverted_hooked"]) == []  # skipped patches have nothing to take off
