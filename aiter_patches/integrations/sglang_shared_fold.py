@@ -42,7 +42,7 @@ from typing import Any
 
 from ..patches import moe_call
 from ..patches import pins as aiter_pins
-from ..registry import APPLIED, Patch, SourcePin, Target
+from ..declarations import APPLIED, Patch, SourcePin, Target
 from ..signatures import Pin
 from . import source_gate
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass
 
-from ..registry import APPLIED, Patch, SourcePin, Target
+from ..declarations import APPLIED, Patch, SourcePin, Target
 from ..signatures import Pin
 from . import moe_call, pins, relied_on
 
