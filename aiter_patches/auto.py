@@ -24,9 +24,12 @@ import os
 import sysconfig
 from pathlib import Path
 
+from .env_flags import TRUE_WORDS
+
 PTH_NAME = "aiter_patches_auto.pth"
+# The words spelled into the line: Python runs it in every process, before anything of aiter_patches is imported.
 PTH_LINE = (
-    'import os; os.environ.get("AITER_PATCHES_AUTO", "").strip().lower() in ("1", "true", "yes", "on") '
+    f'import os; os.environ.get("AITER_PATCHES_AUTO", "").strip().lower() in {TRUE_WORDS!r} '
     'and __import__("aiter_patches.bootstrap").bootstrap.start("auto")\n'
 )
 

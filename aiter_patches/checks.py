@@ -1,7 +1,13 @@
-"""The equivalence checks `aiter-patches verify` runs: each patch against AITER, on this machine.
+"""The MoE patches' equivalence checks `aiter-patches verify` runs, against AITER on this machine.
+
+One module for the three MoE features (sort + MX quant, addend fold,
+SortExtension) because their checks share inputs (routing, the stand-in's
+``fused_moe`` weights) and comparisons (the sort's defined region, the masked
+MX bytes); each patch names its check in ``Patch.check``. A patch with nothing
+to share keeps its check in its own module (``patches/gemm_out_zeroed.py``).
 
 A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort
-helpers, ``fused_moe`` on the stand-in, the block-scale GEMM) with the patch
+helpers, ``fused_moe`` on the stand-in) with the patch
 applied and, inside ``verify.suspended()``, without it, on the same inputs, then
 compares over every position AITER defines. Each also asserts that the fast
 path was taken (a check that only exercised fallbacks would prove nothing).
@@ -182,34 +188,6 @@ def check_addend_fold(device) -> CheckResult:
     ok = not problems
     return CheckResult("bound: 2-norm rel. error <= 1e-2 vs fused_moe + addend", ok,
                        "moe_buf starts from the addend; result within bound" if ok else "; ".join(problems))
-
-
-def check_gemm_out_zeroed(device) -> CheckResult:
-    aiter = sys.modules["aiter"]
-    gemm = sys.modules["aiter.ops.gemm_op_a8w8"].gemm_a8w8_blockscale_bpreshuffle_asm
-    from .reference.blockscale_gemm import shuffle_weight_16x16
-
-    fp8 = aiter.dtypes.fp8
-    g = torch.Generator().manual_seed(7)
-    M, N, K, split = 16, 256, 512, 2
-    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
-    B = (torch.randn(N, K, generator=g) * 2).to(fp8)
-    Bs = shuffle_weight_16x16(B).to(device)
-    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()  # K-major storage, [M, K/128] view
-    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
-    out_p = torch.zeros(M, N, dtype=torch.bfloat16, device=device)
-    before = _fast_hits("gemm_out_zeroed")
-    gemm(A, Bs, out_p, a_scale, b_scale, splitK=split, out_zeroed=True)
-    if _fast_hits("gemm_out_zeroed") <= before:
-        why = registry.stats()["gemm_out_zeroed"]["fallback"]
-        if _is_stand_in():
-            return CheckResult("bitwise", False, f"fast path not taken ({why})")
-        return CheckResult("bitwise", True, f"every call goes to AITER unchanged here: no fast path ({why})")
-    out_o = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
-    with suspended():
-        gemm(A, Bs, out_o, a_scale, b_scale, splitK=split)
-    ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
-    return CheckResult("bitwise", ok, f"split {split}: no-memset result equals memset + GEMM" if ok else "outputs differ")
 
 
 def check_sort_extension(device) -> CheckResult:

@@ -11,13 +11,9 @@ from typing import Sequence
 
 
 def _table(rows: list[dict], cols: Sequence[str]) -> str:
-    if not rows:
-        return "(none)"
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
-    line = "  ".join(c.ljust(widths[c]) for c in cols)
-    sep = "  ".join("-" * widths[c] for c in cols)
-    body = ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols) for r in rows]
-    return "\n".join([line, sep, *body])
+    from . import text_table
+
+    return text_table.of_dicts(rows, cols, "(none)")
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Sequence
 
+from . import text_table
 from .signatures import Pin, Signature, from_ast, match
 
 MATCH, DRIFT, MISSING = "match", "drift", "missing"
@@ -331,8 +332,9 @@ def _resolve_name(tree: SourceTree, module: str, name: str, via: list[str], seen
         if b.kind == "import":
             assert b.source_module is not None and b.source_name is not None
             step = f"{mod.path}:{b.node.lineno} from {b.source_module} import {b.source_name}"
-            if not b.source_module.startswith("aiter"):
-                raise _NotFound(f"{module}.{name} is imported from {b.source_module}, outside AITER ({step})")
+            package = getattr(tree, "package", "aiter")  # a server's tree (integrations.server_drift) follows its own
+            if b.source_module.split(".")[0] != package:
+                raise _NotFound(f"{module}.{name} is imported from {b.source_module}, outside {package.upper() if package == 'aiter' else package} ({step})")
             return _resolve_name(tree, b.source_module, b.source_name, via + [step], seen)
         return Definition(mod, b.node, via)
     for star in reversed(mod.star_imports):  # the last star import that binds the name wins
@@ -477,9 +479,7 @@ def check(tree: SourceTree, patch_list: Sequence[Any] | None = None) -> Report:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+    return text_table.lines(header, rows)
 
 
 def _short(t: TargetResult, width: int = 100) -> str:
@@ -566,6 +566,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--aiter-src", metavar="DIR", help="an AITER checkout (holding aiter/) or the aiter package")
     src.add_argument("--wheel", metavar="FILE", help="an AITER wheel or sdist file")
+    src.add_argument("--server", metavar="PATH",
+                     help="instead: the server integrations' targets in an SGLang/vLLM wheel, sdist or source directory")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--propose", action="store_true", help="print the found signatures in pin syntax")
     p.add_argument("--label", default=None, help="pin label for --propose (default: the source's version)")
@@ -575,8 +577,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        tree = open_source(args.aiter_src, args.wheel)
-        report = check(tree)
+        if getattr(args, "server", None):
+            from .integrations import server_drift
+
+            tree = server_drift.open_server(args.server)
+            report = server_drift.check(tree)
+        else:
+            tree = open_source(args.aiter_src, args.wheel)
+            report = check(tree)
     except SourceUnreadable as exc:
         if args.json:
             print(json.dumps({"error": str(exc), "exit_code": 2}, indent=2))

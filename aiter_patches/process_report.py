@@ -139,8 +139,9 @@ def status_record() -> dict[str, Any]:
                 "name": p["name"],
                 "state": p["state"],
                 "reason": p["reason"],
+                # a disabled patch binds nothing: its declared targets are in SIGNATURES.md, not in each line
                 "targets": [{"location": t["location"], "pin": t["pin"], "aliases": t["aliases"]}
-                            for t in p["targets"]],
+                            for t in p["targets"]] if p["state"] != "disabled" else [],
                 **({"foreign_layers": foreign_layers.short(p["foreign_layers"])} if p.get("foreign_layers") else {}),
             }
             for p in st["patches"]

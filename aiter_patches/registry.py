@@ -1,7 +1,7 @@
 """The registry: the only code that changes AITER's namespaces.
 
-A patch is declared (its targets, the signatures it accepts, a wrapper factory);
-the registry performs it: all or nothing per patch, only when every target's
+A patch is declared (``declarations.py``: its targets, the signatures it accepts,
+a wrapper factory); the registry performs it: all or nothing per patch, only when every target's
 signature matches a pin, at once or the moment AITER's module is imported, on
 every module-level alias of the original, chained with other patches on the
 same target in declared order, idempotent, thread-safe, and exactly revertible.
@@ -22,71 +22,24 @@ from typing import Any, Callable, Iterable, Sequence
 
 # Everything the registry calls is imported here, never inside a call: an import running in one thread
 # when another forks leaves that module locked for good in the child.
-from . import foreign_layers, import_hooks, process_report, runtime, stats_log
+from . import env_flags, foreign_layers, import_hooks, process_report, runtime, stats_log
+from .declarations import (  # re-exported: `from aiter_patches.registry import Patch` and the rest keep working
+    APPLIED,
+    DISABLED,
+    INACTIVE,
+    PENDING,
+    SKIPPED,
+    Patch,
+    PatchSkipped,
+    Site,
+    SourcePin,
+    Target,
+)
+from .integrations import switch as integrations_switch
 from .runtime import PatchCounters
 from .signatures import Binder, Pin, SignatureUnavailable, from_callable, match
 
 log = logging.getLogger("aiter_patches")
-
-APPLIED, SKIPPED, PENDING, DISABLED, INACTIVE = "applied", "skipped", "pending", "disabled", "inactive"
-
-
-class PatchSkipped(RuntimeError):
-    """Raised in strict mode when a patch cannot be applied; the message says why."""
-
-
-@dataclass(frozen=True)
-class SourcePin:
-    """A function a patch relies on without wrapping it: its source hash is watched by the drift check."""
-
-    module: str
-    qualname: str
-    sha256: str  # of the function's source text with trailing whitespace stripped per line
-    why: str
-    source: str = ""
-    also: tuple[str, ...] = ()  # hashes of other releases whose change was read and found irrelevant
-
-
-@dataclass(frozen=True)
-class Target:
-    module: str
-    attr: str
-    pins: tuple[Pin, ...]
-    wrap: Callable[[Callable, "Site"], Callable]
-    why: str = ""
-
-    @property
-    def location(self) -> str:
-        return f"{self.module}.{self.attr}"
-
-
-@dataclass(frozen=True)
-class Patch:
-    name: str
-    summary: str
-    targets: tuple[Target, ...]
-    kernel_module: str | None = None
-    order: int = 50  # among patches on one target: lower is outer (asked first)
-    relies_on: tuple[SourcePin, ...] = ()
-    check: str | None = None  # "module:function" of the equivalence check `aiter-patches verify` runs
-    # a patch of a server's code: stays inactive (not pending) where that top-level package is not installed
-    requires: str | None = None
-    # a further gate after a target's pin matched (e.g. a source hash): a reason skips the patch
-    precheck: Callable[[Target, Callable], str | None] | None = None
-    # after every binding of the patch is committed (under the registry lock): (site, original) per target.
-    # What it changes must be undoable by revert (e.g. through ``unwrap_foreign(..., owner=name)``); it may not raise.
-    after_apply: Callable[[list[tuple["Site", Callable]]], None] | None = None
-
-
-@dataclass
-class Site:
-    """What a wrapper factory gets: which pin matched, a binder for it, and the patch's counters."""
-
-    patch: Patch
-    target: Target
-    pin: Pin
-    binder: Binder
-    counters: PatchCounters
 
 
 @dataclass
@@ -173,13 +126,9 @@ def patches() -> list[Patch]:
 
 # ---------------------------------------------------------------- environment
 
-def _env_flag_off(value: str) -> bool:
-    return value.strip().lower() in ("0", "false", "no", "off")
-
-
 def _env_disabled(known: Sequence[str]) -> tuple[set[str], str]:
     """Names disabled by the environment, and the reason text; raises on unknown names."""
-    if _env_flag_off(os.environ.get("AITER_PATCHES", "1")):
+    if env_flags.env_false("AITER_PATCHES"):
         return set(known), "AITER_PATCHES=0"
     raw = os.environ.get("AITER_PATCHES_DISABLE", "")
     names = {n.strip() for n in raw.split(",") if n.strip()}
@@ -240,6 +189,7 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
     known = [p.name for p in all_patches]
     requested = _check_names(names, known, "apply()")
     disabled, why = _env_disabled(known)
+    off = integrations_switch.not_switched_on(all_patches)
     if strict is not None:
         runtime.set_strict(strict)
     with _lock:
@@ -247,10 +197,10 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
             if p.name not in requested:
                 continue
             st = _states[p.name]
-            if p.name in disabled:
+            if p.name in disabled or p.name in off:
                 if st.state in (APPLIED, PENDING):
                     _revert_one(p.name)
-                st.state, st.reason = DISABLED, f"disabled by {why}"
+                st.state, st.reason = DISABLED, f"disabled by {why}" if p.name in disabled else off[p.name]
                 continue
             if st.state in (APPLIED, PENDING):
                 continue  # idempotent: nothing stacks
@@ -275,11 +225,7 @@ def _installed(package: str) -> bool:
 
 
 def _target_modules(p: Patch) -> list[str]:
-    seen: list[str] = []
-    for t in p.targets:
-        if t.module not in seen:
-            seen.append(t.module)
-    return seen
+    return list(p.modules)
 
 
 def _apply_or_defer(p: Patch, just_executed: str | None = None) -> None:
@@ -369,12 +315,25 @@ def _module_event(module: str, during_import: bool) -> None:
 _MISSING = object()
 
 
+def _dotted_owner(mod: Any, attr: str) -> tuple[Any, str]:
+    """The object holding a target's last name: the module, or a class in it for ``"Class.method"`` targets."""
+    *owners, name = attr.split(".")
+    for part in owners:
+        mod = getattr(mod, part, None) if mod is not None else None
+    return mod, name
+
+
+def _get_dotted(mod: Any, attr: str) -> Any:
+    owner, name = _dotted_owner(mod, attr)
+    return _MISSING if owner is None else getattr(owner, name, _MISSING)
+
+
 def _check_targets(p: Patch, records: list[dict[str, Any]]) -> tuple[str | None, list[tuple[Target, Callable, Pin]]]:
     """Every target present, callable and matching a pin: (None, found), else (the reason, [])."""
     found: list[tuple[Target, Callable, Pin]] = []
     for t in p.targets:
         mod = sys.modules.get(t.module)
-        obj = getattr(mod, t.attr, _MISSING) if mod is not None else _MISSING
+        obj = _get_dotted(mod, t.attr) if mod is not None else _MISSING
         chain = _chains.get((t.module, t.attr))
         original = chain.original if chain is not None else obj
         rec: dict[str, Any] = {"location": t.location, "signature": None, "pin": None, "aliases": []}
@@ -384,7 +343,7 @@ def _check_targets(p: Patch, records: list[dict[str, Any]]) -> tuple[str | None,
         if not callable(original):
             return f"{t.location} is not callable ({type(original).__name__})", []
         try:
-            sig = from_callable(original)
+            sig = from_callable(original, op_names=(t.attr.rpartition(".")[2],))
         except SignatureUnavailable as exc:
             return f"{t.location}: cannot read its signature: {exc}", []
         rec["signature"] = str(sig)
@@ -535,12 +494,12 @@ def _bind(chain: _Chain, old_head: Callable | None, new: Callable, *, strict_hom
     old_ids = {id(old_head)} if old_head is not None else set()
     if not reverting:
         old_ids.add(id(chain.original))
-    home = sys.modules.get(chain.module)
+    home, name = _dotted_owner(sys.modules.get(chain.module), chain.attr)
     if home is not None:
-        held = getattr(home, chain.attr, _MISSING)
+        held = getattr(home, name, _MISSING)
         if id(held) in old_ids:
             try:
-                setattr(home, chain.attr, new)
+                setattr(home, name, new)
             except Exception:
                 if strict_home:
                     raise

@@ -13,6 +13,8 @@ import os
 import threading
 from typing import Any
 
+from . import env_flags
+
 log = logging.getLogger("aiter_patches")
 
 _strict_override: bool | None = None
@@ -22,7 +24,7 @@ def strict() -> bool:
     """Strict mode: skips and fast-path errors raise instead of falling back."""
     if _strict_override is not None:
         return _strict_override
-    return os.environ.get("AITER_PATCHES_STRICT", "0").strip().lower() in ("1", "true", "yes", "on")
+    return env_flags.env_true("AITER_PATCHES_STRICT")
 
 
 def set_strict(value: bool | None) -> None:

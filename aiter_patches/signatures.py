@@ -174,18 +174,41 @@ def from_schema(schema: Any) -> Signature:
     for arg in schema.arguments:
         has_default = getattr(arg, "has_default_value", None)
         has = has_default() if callable(has_default) else arg.default_value is not None
-        default = normalize_value(arg.default_value) if has else None
+        default = normalize_value(_schema_default(arg)) if has else None
         kind = KEYWORD_ONLY if getattr(arg, "kwarg_only", False) else POSITIONAL_OR_KEYWORD
         params.append(Param(arg.name, kind, default))
     return Signature(tuple(params))
 
 
-def _schema_for(fn: Callable, namespaces: Sequence[str]) -> Any | None:
+# c10::ScalarType codes: a schema reports a dtype default as its code (bf16 is 15)
+_SCALAR_TYPE_CODES = {5: "float16", 6: "float32", 7: "float64", 15: "bfloat16", 24: "float8_e4m3fn",
+                      26: "float8_e4m3fnuz"}
+
+
+def _schema_default(arg: Any) -> Any:
+    value = arg.default_value
+    if isinstance(value, int) and not isinstance(value, bool) and "ScalarType" in str(getattr(arg, "real_type", arg.type)):
+        import torch
+
+        name = _SCALAR_TYPE_CODES.get(value)
+        return getattr(torch, name) if name is not None else value
+    return value
+
+
+def torch_op_schema(fn: Callable, namespaces: Sequence[str], op_names: Sequence[str] = ()) -> Any | None:
+    """The schema of the torch custom op ``fn`` stands for, or None: the one place that reads torch's ``_schema``.
+
+    ``torch.ops.<ns>.<name>.default._schema`` is torch's private attribute, so it
+    is read here only, for the first namespace that registers ``fn.__name__`` (or
+    the name of what ``fn.__wrapped__`` is, then ``op_names``); an op without a ``default``
+    overload, a namespace that raises, or a torch without the attribute: None.
+    """
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
         return None
-    candidates = [getattr(fn, "__name__", None), getattr(getattr(fn, "__wrapped__", None), "__name__", None)]
+    candidates = [getattr(fn, "__name__", None), getattr(getattr(fn, "__wrapped__", None), "__name__", None),
+                  *op_names]
     for ns in namespaces:
         for name in candidates:
             if not name:
@@ -198,12 +221,15 @@ def _schema_for(fn: Callable, namespaces: Sequence[str]) -> Any | None:
     return None
 
 
-def from_callable(fn: Callable, *, schema_namespaces: Sequence[str] = ("aiter",)) -> Signature:
+def from_callable(fn: Callable, *, schema_namespaces: Sequence[str] = ("aiter",),
+                  op_names: Sequence[str] = ()) -> Signature:
     """Signature of a live callable, seeing through custom-op wrappers.
 
     Raises :class:`SignatureUnavailable` when the runtime signature is the
     opaque ``(*args, **kwargs)`` of a wrapper and no registered op schema says
-    what the real parameters are.
+    what the real parameters are. ``op_names``: op names to try besides the
+    callable's own (AITER's ``torch_compile_guard`` returns a ``wrapper_custom``
+    over ``torch.ops.aiter.<the attribute's name>``).
     """
     try:
         sig = from_inspect(inspect.signature(fn))
@@ -211,7 +237,7 @@ def from_callable(fn: Callable, *, schema_namespaces: Sequence[str] = ("aiter",)
         raise SignatureUnavailable(f"inspect.signature failed: {exc}") from None
     if not sig.is_opaque():
         return sig
-    schema = _schema_for(fn, schema_namespaces)
+    schema = torch_op_schema(fn, schema_namespaces, op_names)
     if schema is not None:
         return from_schema(schema)
     name = getattr(fn, "__name__", repr(fn))

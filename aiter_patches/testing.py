@@ -11,9 +11,29 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+from pathlib import Path
 from typing import Iterator
 
 from .stub_aiter import STUB_ROOT
+
+
+def stand_in_has(module: str) -> bool:
+    """Whether the stand-in has ``module`` (read from its files: nothing is imported)."""
+    path = Path(STUB_ROOT, *module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def import_stand_in_targets() -> list[str]:
+    """Inside ``use_stub_aiter()``: import every module a registered patch targets that the stand-in has.
+
+    The registry says which modules (each patch's targets); returns them in import order.
+    """
+    from . import registry
+
+    modules = sorted({m for p in registry.patches() for m in p.modules if stand_in_has(m)})
+    for m in modules:
+        importlib.import_module(m)
+    return modules
 
 
 def _aiter_modules() -> list[str]:

@@ -1,9 +1,11 @@
 """`aiter-patches verify`: apply the patches, then prove each applied one equals AITER on this machine.
 
-Each patch declares a ``check(device)`` that calls AITER's public entry point
+Each patch declares a ``check(device)`` beside it (``Patch.check``: the function, or its
+"module:function") that calls AITER's public entry point
 with the patch and, inside :func:`suspended`, without it, on the same inputs,
 and compares: bitwise where the patch claims it, within a stated bound where it
-does not. Where no real AITER imports, the stand-in is used, and the table says so.
+does not. Where no real AITER imports, the stand-in is used, and the table says so;
+which patches run and which modules are imported for them comes from the registry.
 """
 
 from __future__ import annotations
@@ -11,17 +13,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
 from . import registry
-
-
-@dataclass
-class CheckResult:
-    kind: str  # "bitwise" or "bound: <what>"
-    ok: bool
-    detail: str = ""
+from .declarations import Check, CheckResult  # CheckResult re-exported: checks import it from here
 
 
 @contextlib.contextmanager
@@ -73,32 +68,35 @@ def use_triton_interpreter_without_gpu() -> bool:
     return True
 
 
-def run(device: str | None = None) -> tuple[list[dict], str]:
-    """Returns (rows, the AITER used). A row: patch, state, check, result, detail."""
+def run(device: str | None = None, names: Sequence[str] | None = None) -> tuple[list[dict], str]:
+    """Returns (rows, the AITER used). A row: patch, state, check, result, detail.
+
+    Every patch is applied; ``names`` (default: all) says whose checks run and get a row.
+    """
     import torch
 
     use_triton_interpreter_without_gpu()
     dev = torch.device(device) if device else default_device()
     problem = real_aiter_problem()
     if problem is None:
-        return _run_all(dev), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
+        return _run_all(dev, names), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
     for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
         if not getattr(sys.modules.get("aiter"), "IS_AITER_PATCHES_STAND_IN", False):
             del sys.modules[name]
-    from .testing import use_stub_aiter
+    from .testing import import_stand_in_targets, use_stub_aiter
 
     with use_stub_aiter():
-        import aiter.fused_moe  # noqa: F401  (the targets' modules)
-        import aiter.ops.gemm_op_a8w8  # noqa: F401
-
-        rows = _run_all(dev)
+        import_stand_in_targets()  # the registry says which modules the patches target
+        rows = _run_all(dev, names)
     return rows, f"the aiter_patches stand-in (no real AITER: {problem})"
 
 
-def _run_all(dev) -> list[dict]:
+def _run_all(dev, names: Sequence[str] | None = None) -> list[dict]:
     registry.apply()
     rows: list[dict] = []
     for p in registry.patches():
+        if names is not None and p.name not in names:
+            continue
         rec = next(r for r in registry.status()["patches"] if r["name"] == p.name)
         row = {"patch": p.name, "state": rec["state"], "check": "-", "result": "-", "detail": rec["reason"]}
         if rec["state"] == registry.APPLIED:
@@ -106,10 +104,19 @@ def _run_all(dev) -> list[dict]:
                 row.update(result="FAIL", detail="no equivalence check declared")
             else:
                 try:
-                    mod_name, fn_name = p.check.split(":")
-                    res: CheckResult = getattr(importlib.import_module(mod_name), fn_name)(dev)
+                    res: CheckResult = resolve_check(p.check)(dev)
                     row.update(check=res.kind, result="ok" if res.ok else "FAIL", detail=res.detail)
                 except Exception as exc:
                     row.update(result="FAIL", detail=f"check raised {type(exc).__name__}: {exc}")
         rows.append(row)
     return rows
+
+
+def resolve_check(check: Check) -> Callable[[object], CheckResult]:
+    """A patch's declared check as a callable: itself, or the function its "module:function" names."""
+    if callable(check):
+        return check
+    mod_name, sep, fn_name = check.partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise ValueError(f"check {check!r}: declare a callable or 'module:function'")
+    return getattr(importlib.import_module(mod_name), fn_name)

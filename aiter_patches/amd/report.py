@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .. import text_table
+
 COLUMNS = ("status", "arch", "kernel", "settings", "tokens", "vgpr", "sgpr", "sgpr_spill", "vgpr_spill",
            "scratch", "lds", "occ", "fp2int", "fround", "sec")
 # parameters a row names when they vary (the rest is the same for every variant of the kernel)
@@ -73,10 +75,4 @@ def counts_per_config(variants) -> dict[tuple[str, str], int]:
 
 
 def table(rows_: list[dict], cols=COLUMNS) -> str:
-    if not rows_:
-        return "(no variants)"
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows_)) for c in cols}
-    head = "  ".join(c.ljust(widths[c]) for c in cols).rstrip()
-    sep = "  ".join("-" * widths[c] for c in cols)
-    body = ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols).rstrip() for r in rows_]
-    return "\n".join([head, sep, *body])
+    return text_table.of_dicts(rows_, cols, "(no variants)")

@@ -36,10 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..aiter_contract import SCALE_BLOCK, k_tiles_per_split, valid_split  # AITER's rule; tests read them here
 from .fast_launch import Prepared, launch
 from .rounding import f32_to_bf16_rne  # the same bits on every backend (see rounding.py)
-
-SCALE_BLOCK = 128
 FP8_DTYPES = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
 )
@@ -127,19 +126,6 @@ def _blockscale_gemm_kernel(
                 total += tl.load(out_ptrs, mask=m_mask[:, None], other=0.0).to(tl.float32)
             tl.store(out_ptrs, f32_to_bf16_rne(total), mask=m_mask[:, None])
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
-def k_tiles_per_split(K: int, splits: int) -> int:
-    """128-wide K tiles per split under AITER's rule (the last split takes the rest)."""
-    return math.ceil(math.ceil(K / splits) / SCALE_BLOCK)
-
-
-def valid_split(K: int, splits: int) -> bool:
-    """AITER's alignment check: rounding each split up to whole K tiles keeps `splits` splits."""
-    if splits < 1:
-        return False
-    per = k_tiles_per_split(K, splits) * SCALE_BLOCK
-    return math.ceil(K / per) == splits
 
 
 def choose_splitk(M: int, N: int, K: int, tile_m: int, tile_n: int, tile_k: int, cu_num: int) -> int:

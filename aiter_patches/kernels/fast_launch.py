@@ -53,6 +53,8 @@ from typing import Any
 
 import torch
 
+from .. import env_flags
+
 MAX_VARIANTS = 4096  # keys per kernel and device (ints are keyed by value); past it: ordinary launches
 
 # The kwargs Triton's run() folds into the options, and where it reads them (checked against
@@ -78,10 +80,10 @@ _mode_cached: str | None = None
 
 
 def _read_mode() -> str:
-    v = os.environ.get("AITER_PATCHES_FAST_LAUNCH", "1").strip().lower()
-    if v in ("0", "false", "no", "off"):
+    v = os.environ.get("AITER_PATCHES_FAST_LAUNCH", "1")
+    if env_flags.is_false(v):
         return "off"
-    return "verify" if v == "verify" else "on"
+    return "verify" if v.strip().lower() == "verify" else "on"
 
 
 def mode() -> str:

@@ -42,6 +42,8 @@ from typing import Mapping, NamedTuple
 
 import torch
 
+from .. import aiter_contract as contract
+from ..aiter_contract import aligned_split  # AITER's split rule; also read by the stand-in's launcher
 from . import code_object
 
 log = logging.getLogger(__name__)
@@ -49,9 +51,7 @@ log = logging.getLogger(__name__)
 SUPPORTED_GFX = ("gfx942", "gfx950")
 KERNEL_DIR = "fp8gemm_blockscale"
 KERNEL_CSV = "fp8gemm_bf16_blockscale.csv"
-TILE_K = 128
-SCALE_BLOCK_N = 128
-SCALE_BLOCK_K = 128
+TILE_K = SCALE_BLOCK_N = SCALE_BLOCK_K = contract.SCALE_BLOCK
 BLOCK_THREADS = 256
 WAVEFRONT_SIZE = 64
 ARG_SLOT = 16  # AITER's KernelArgs puts every field alone in a 16-byte slot, the rest of the slot zero
@@ -166,12 +166,6 @@ def _heuristic(M: int, N: int, kernels: list[AsmKernel], cu_num: int, split: int
     return best
 
 
-def aligned_split(K: int, split: int) -> int:
-    """The split count AITER's tile alignment yields: each split rounded up to whole 128-wide K tiles."""
-    per = math.ceil(math.ceil(K / split) / TILE_K) * TILE_K
-    return math.ceil(K / per)
-
-
 def select_kernel(M: int, N: int, K: int, kernels: list[AsmKernel], cu_num: int, splitK: int | None = None,
                   kernelName: str | None = None, bpreshuffle: bool = True) -> tuple[AsmKernel, int]:
     """(kernel, split) as AITER's launcher picks them, with its split checks.
@@ -195,7 +189,7 @@ def select_kernel(M: int, N: int, K: int, kernels: list[AsmKernel], cu_num: int,
                 raise ValueError(f"Kdim alignment check failed for splitK! Kdim={K}, splitK={split}, "
                                  f"actual_ksplit={actual}")
             split = actual
-        per = math.ceil(math.ceil(K / split) / TILE_K) * TILE_K
+        per = contract.k_tiles_per_split(K, split) * TILE_K
         if not (K % per == 0 or K // per == split - 1):
             raise ValueError(f"Kdim alignment check failed for splitK! Kdim={K}, splitK={split}")
     return cfg, split

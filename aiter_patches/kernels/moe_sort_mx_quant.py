@@ -55,13 +55,14 @@ values only, never a tensor.
 
 from __future__ import annotations
 
-import struct
+import math
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from .. import aiter_contract as contract
 from .fast_launch import Prepared, launch
 
 _fast_launch = launch  # _run goes through Prepared while ``launch`` is this one
@@ -69,7 +70,7 @@ _fast_launch = launch  # _run goes through Prepared while ``launch`` is this one
 # One launch while each program's redundant count of all pairs stays short; above it three
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
 ONE_LAUNCH_MAX_PAIRS = 2048
-FUSED_QUANT_MAX_PAIRS = 2048  # AITER fuses the stage-1 quant up to 8 * 256 / topk tokens ("auto" semantics)
+FUSED_QUANT_MAX_PAIRS = contract.STAGE1_FUSED_MAX_PAIRS  # AITER fuses the stage-1 quant up to it ("auto")
 CHUNK_PAIRS = 512
 # Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
@@ -95,20 +96,17 @@ MAX_TOPK = 64
 MAX_MODEL_DIM = 32768
 INT32_LIMIT = 2**31 - 1
 
-_FP_FORMATS = {
-    # integer description of each element format: mantissa bits, min normal exponent, max
-    # magnitude code, byte of a non-finite element (-1: saturate, sign kept), whether -0 keeps
-    # its sign, sign bit, fp32 bits of 1 / max_pos (AITER's constant). fp8 NaN is -max_pos
-    # whatever its sign: AITER clamps with v_med3_f32(x, -max, max) before v_cvt_pk_fp8_f32
-    # (aiter_opus_plus.h:51-75 at e4048607a5), and med3 of a NaN is its min operand.
-    torch.float4_e2m1fn_x2: dict(FP4=True, MB=1, EMIN=0, MAXC=0x7, NANC=-1, SIGNED_ZERO=True,
-                                 SIGN_SHIFT=3, INV_MAX_BITS=0x3E2AAAAB),
-    torch.float8_e4m3fn: dict(FP4=False, MB=3, EMIN=-6, MAXC=0x7E, NANC=0xFE, SIGNED_ZERO=True,
-                              SIGN_SHIFT=7, INV_MAX_BITS=0x3B124925),
-    torch.float8_e4m3fnuz: dict(FP4=False, MB=3, EMIN=-7, MAXC=0x7F, NANC=0xFF, SIGNED_ZERO=False,
-                                SIGN_SHIFT=7, INV_MAX_BITS=0x3B888889),
-}
-_AMAX_FLOOR_BITS = struct.unpack("<I", struct.pack("<f", 1e-10))[0]
+
+def _kernel_format(fmt: contract.MxFormat) -> dict:
+    """An element format as the kernels' constexprs (NANC -1: saturate, sign kept)."""
+    return dict(FP4=fmt is contract.FP4_E2M1, MB=fmt.mant_bits, EMIN=fmt.min_exp, MAXC=fmt.max_code,
+                NANC=-1 if fmt.nan_code is None else fmt.nan_code, SIGNED_ZERO=fmt.neg_zero,
+                SIGN_SHIFT=fmt.sign_shift, INV_MAX_BITS=fmt.inv_max_pos_bits)
+
+
+_FP_FORMATS = {dtype: _kernel_format(contract.mx_format(dtype))
+               for dtype in (torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m3fnuz)}
+_AMAX_FLOOR_BITS = contract.AMAX_FLOOR_BITS
 _empty = torch.empty  # every output allocation goes through here (tests poison it)
 _MOE_BUF_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -567,8 +565,7 @@ def _round_up(a: int, b: int) -> int:
 
 def sort_sizes(num_tokens: int, topk: int, num_experts: int, block_size: int) -> tuple[int, int]:
     """``(max_num_tokens_padded, max_num_m_blocks)`` as AITER allocates them."""
-    n = num_tokens * topk + num_experts * block_size - topk
-    return n, (n + block_size - 1) // block_size
+    return contract.sort_buffer_sizes(num_tokens * topk, topk, num_experts, block_size)
 
 
 def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_size, expert_mask,
@@ -589,7 +586,7 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
         return f"num_experts {num_experts} < topk {K}"
     if block_size not in (16, 32, 64, MAX_BLOCK):
         return f"block_size {block_size} not in 16/32/64/128"
-    if M >= 1 << 24:
+    if M >= 1 << contract.TOKEN_BITS:
         return f"tokens {M} do not fit the 24-bit token field"
     n_sorted, _ = sort_sizes(M, K, num_experts, block_size)
     if n_sorted > INT32_LIMIT // 4:
@@ -631,7 +628,7 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
         N = quant_input.shape[1]
         if N % 32 or not 32 <= N <= MAX_MODEL_DIM:
             return f"quant_input width {N} not a multiple of 32 in 32..{MAX_MODEL_DIM}"
-        if _round_up(n_sorted, 32) * _round_up(N // 32, 8) > INT32_LIMIT:
+        if math.prod(contract.mx_scale_shape(n_sorted, N)) > INT32_LIMIT:
             return f"tokens {M} > int32 offset limit (scale buffer)"
         if M * max(quant_input.stride(0), N) > INT32_LIMIT * 2:
             return f"tokens {M} > int32 offset limit (quant input)"
@@ -764,8 +761,8 @@ def _make_plan(key: tuple) -> _SortPlan:
     fmt, G, snp, fused = _FP_FORMATS[torch.float4_e2m1fn_x2], 1, 8, False
     data_cols = scale_rows = 0
     if quant:
-        G = N // 32
-        snp = _round_up(G, 8)
+        G = N // contract.MX_GROUP
+        scale_rows, snp = contract.mx_scale_shape(n_sorted, N)
         fmt = _FP_FORMATS[quant_dtype]
         if quant_semantics == "auto":
             fused = M * K <= FUSED_QUANT_MAX_PAIRS
@@ -774,7 +771,6 @@ def _make_plan(key: tuple) -> _SortPlan:
         else:
             raise ValueError(f"quant_semantics {quant_semantics!r}")
         data_cols = N // 2 if fmt["FP4"] else N
-        scale_rows = _round_up(n_sorted, 32)
 
     e_bins = _next_pow2(num_experts + 1)
     k_pad = _next_pow2(K)

@@ -13,12 +13,25 @@ one, is exactly the original call.
 from __future__ import annotations
 
 import sys
+from typing import Any, Callable, NamedTuple
 
 from .. import runtime
-from ..registry import Patch, Target
+from ..declarations import CheckResult, Patch, Target
 from . import moe_call, pins, relied_on
 
 NAME = "gemm_out_zeroed"
+
+
+class NoMemsetLaunch(NamedTuple):
+    """This call goes to the no-memset kernel: ``run()`` launches it into ``out``."""
+
+    run: Callable[[], Any]
+
+
+class HandBack(NamedTuple):
+    """This call goes to AITER unchanged, for ``reason`` (counted as a fallback)."""
+
+    reason: str
 
 
 def _triton():
@@ -52,15 +65,14 @@ def _wrapper(inner, site):
             counters.fallback(reason)
             return inner(*args, **kwargs)
         try:
-            launch = _plan(bound)
+            plan = _plan(bound)
         except ValueError as exc:  # AITER would raise the same check: let it, with its own message
-            counters.fallback(f"launcher check: {exc}")
-            return inner(*args, **kwargs)
-        if isinstance(launch, str):
-            counters.fallback(launch)
+            plan = HandBack(f"launcher check: {exc}")
+        if isinstance(plan, HandBack):
+            counters.fallback(plan.reason)
             return inner(*args, **kwargs)
         try:
-            launch()
+            plan.run()
         except Exception as exc:
             counters.failed(exc, "GEMM launch without memset")
             return inner(*args, **kwargs)
@@ -80,7 +92,7 @@ def _autograd_reason(out) -> str | None:
     return None
 
 
-def _plan(bound: dict):
+def _plan(bound: dict) -> NoMemsetLaunch | HandBack:
     """A no-memset launch for this call, or the reason there is none (split 1 needs no patch)."""
     A, B, out = bound["A"], bound["B"], bound["out"]
     A_scale, B_scale = bound["A_scale"], bound["B_scale"]
@@ -93,38 +105,72 @@ def _plan(bound: dict):
 
         split = launcher_split(A.shape[1], -1 if splitK is None else splitK)
         if split <= 1:
-            return "split count 1: the original launches no memset"
+            return HandBack("split count 1: the original launches no memset")
         k = _triton()
         from ..reference.blockscale_gemm import a_scale_as_read_by_asm
 
         try:
             A_scale = a_scale_as_read_by_asm(A_scale)  # as the stand-in's launcher reads it
         except ValueError as exc:
-            return str(exc)
+            return HandBack(str(exc))
         reason = runtime.triton_backend_reason(A.device) or k.unsupported_reason(
             A, B, out, A_scale, B_scale, split, bpreshuffle) or k.workspace_reason(A.shape[0], B.shape[0], split)
         if reason is not None:
-            return reason
-        return lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,
-                                                 b_preshuffled=bpreshuffle, zero_out=False, checked=True)
+            return HandBack(reason)
+        return NoMemsetLaunch(lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,
+                                                                b_preshuffled=bpreshuffle, zero_out=False,
+                                                                checked=True))
     from ..kernels import hip_blockscale_asm as hip
 
     reason = hip.unsupported_reason(A, B, out, A_scale, B_scale)
     if reason is not None:
-        return reason
+        return HandBack(reason)
     root = _aiter_root()
     reason = hip.available(A.device, root)
     if reason is not None:
-        return f"AITER's .co cannot be launched here: {reason}"
+        return HandBack(f"AITER's .co cannot be launched here: {reason}")
     plan = hip.plan_launch(A, B, aiter_root=root, splitK=splitK, kernelName=bound.get("kernelName"),
                            bpreshuffle=bpreshuffle)
     if plan.split <= 1:
-        return "split count 1: the original launches no memset"
+        return HandBack("split count 1: the original launches no memset")
     reason = hip.code_object_reason(root, plan.gfx, plan.cfg)
     if reason is not None:
-        return f"AITER's .co refused: {reason}"
-    return lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root)
+        return HandBack(f"AITER's .co refused: {reason}")
+    return NoMemsetLaunch(lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root))
 
+
+def check(device) -> CheckResult:
+    """``aiter-patches verify``: out_zeroed=True into zeros equals AITER's memset + GEMM, bit for bit."""
+    import torch
+
+    from .. import registry, verify
+    from ..aiter_contract import SCALE_BLOCK
+    from ..reference.blockscale_gemm import shuffle_weight_16x16
+
+    aiter = sys.modules["aiter"]
+    gemm = sys.modules["aiter.ops.gemm_op_a8w8"].gemm_a8w8_blockscale_bpreshuffle_asm
+    fast_hits = lambda: registry.stats()[NAME]["fast"]  # noqa: E731
+    fp8 = aiter.dtypes.fp8
+    g = torch.Generator().manual_seed(7)
+    M, N, K, split = 16, 256, 512, 2
+    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
+    B = (torch.randn(N, K, generator=g) * 2).to(fp8)
+    Bs = shuffle_weight_16x16(B).to(device)
+    a_scale = (torch.rand(K // SCALE_BLOCK, M, generator=g) + 0.5).to(device).t()  # K-major storage, [M, K/128] view
+    b_scale = (torch.rand(N // SCALE_BLOCK, K // SCALE_BLOCK, generator=g) + 0.5).to(device)
+    out_p = torch.zeros(M, N, dtype=torch.bfloat16, device=device)
+    before = fast_hits()
+    gemm(A, Bs, out_p, a_scale, b_scale, splitK=split, out_zeroed=True)
+    if fast_hits() <= before:
+        why = registry.stats()[NAME]["fallback"]
+        if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False):
+            return CheckResult("bitwise", False, f"fast path not taken ({why})")
+        return CheckResult("bitwise", True, f"every call goes to AITER unchanged here: no fast path ({why})")
+    out_o = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
+    with verify.suspended():
+        gemm(A, Bs, out_o, a_scale, b_scale, splitK=split)
+    ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
+    return CheckResult("bitwise", ok, f"split {split}: no-memset result equals memset + GEMM" if ok else "outputs differ")
 
 
 PATCH = Patch(
@@ -139,5 +185,5 @@ PATCH = Patch(
     kernel_module="aiter_patches.kernels.blockscale_gemm_splitk",
     relies_on=relied_on.GEMM_OUT_ZEROED,
     order=50,
-    check="aiter_patches.checks:check_gemm_out_zeroed",
+    check=check,
 )

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 
 from .. import foreign_layers
-from ..registry import Patch, Target
-from . import moe_call, pins, relied_on, sort_extension
+from ..declarations import Patch
+from . import moe_pipeline, pins, relied_on, sort_extension
 from .moe_call import ADD_AFTER, FOLDED, PENDING
 
 NAME = "moe_addend_fold"
@@ -80,69 +80,64 @@ def fold_blocker(bound: dict, call) -> str | None:
     return None
 
 
-def _fused_moe_wrapper(inner, site):
-    binder = site.binder
-    counters = site.counters
-
-    def fused_moe(*args, moe_addend=None, **kwargs):
-        if moe_addend is None:
-            return inner(*args, **kwargs)
-        bound, problems = binder.bind(args, kwargs)
-        if problems:
-            raise TypeError(f"fused_moe(): {problems[0]}")
-        validate_addend(moe_addend, bound.get("hidden_states"), bound.get("topk_ids"), bound.get("w2"),
-                        bound.get("dtype"), bound.get("output"))
-        call, new = moe_call.joined_or_new(bound)
-        call.addend, call.addend_state = moe_addend, PENDING
-        if new:
-            with moe_call.scope(call):
-                out = inner(*args, **kwargs)
-        else:
-            out = inner(*args, **kwargs)
-        if call.addend_state == FOLDED and _is_same_tensor(out, call.moe_buf):
-            counters.hit()
-            return out
-        if call.addend_state == PENDING:
-            counters.fallback(foreign_layers.unreached_sort_reason())
-        elif call.addend_state == FOLDED:
-            counters.fallback("fused_moe returned another tensor than the sort's moe_buf")
-        out.add_(moe_addend)
-        return out
-
-    return moe_call.like(fused_moe, inner)
-
-
 def _is_same_tensor(a, b) -> bool:
     return b is not None and (a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()))
 
 
-def _sort_wrapper(inner, site):
-    binder = site.binder
-    counters = site.counters
+class AddendFold(moe_pipeline.Feature):
+    """The pipeline steps of this patch (moe_pipeline.py's table: fused_moe 1 and 4, _moe_sorting_impl 2 and 6)."""
 
-    def _moe_sorting_impl(*args, **kwargs):
-        call = moe_call.mark_sort_reached()
+    name = NAME
+    keywords = ("moe_addend",)
+    reads = frozenset({"fused_moe.keywords", "fused_moe.output", "call.addend", "call.addend_state", "call.moe_buf",
+                       "sort.extensions", "sort.folding", "sort.outputs", "sort.addend_written"})
+    writes = frozenset({"call.addend", "call.addend_state", "call.moe_buf", "sort.folding", "sort.addend_offer"})
+
+    def refuse(self, site, problem: str) -> None:
+        raise TypeError(f"fused_moe(): {problem}")
+
+    def take_addend(self, site, call, step) -> None:
+        bound, addend = step.arguments, step.keywords["moe_addend"]
+        validate_addend(addend, bound.get("hidden_states"), bound.get("topk_ids"), bound.get("w2"),
+                        bound.get("dtype"), bound.get("output"))
+        call.addend, call.addend_state = addend, PENDING
+
+    def add_or_count(self, site, call, step) -> None:
+        """Folded into this very output: a hit. Otherwise the addend is added now, once, and the reason counted."""
+        out = step.output
+        if call.addend_state == FOLDED and _is_same_tensor(out, call.moe_buf):
+            site.counters.hit()
+            return
+        if call.addend_state == PENDING:
+            site.counters.fallback(foreign_layers.unreached_sort_reason())
+        elif call.addend_state == FOLDED:
+            site.counters.fallback("fused_moe returned another tensor than the sort's moe_buf")
+        out.add_(call.addend)
+
+    def decide_fold(self, site, call, step) -> None:
         if call is None or call.addend is None or call.addend_state != PENDING:
-            return inner(*args, **kwargs)
-        bound, problems = binder.bind(args, kwargs)
+            return
+        bound, problems = step.bind()
         blocker = problems[0] if problems else fold_blocker(bound, call)
         if blocker is not None:
             call.addend_state = ADD_AFTER
-            counters.fallback(blocker)
-            return inner(*args, **kwargs)
+            site.counters.fallback(blocker)
+            return
+        step.folding = True
         # an extension's after-sort work may produce the addend: then it is copied in after that work
-        call.addend_offered, call.addend_written_by_sort = not sort_extension.work_after_sort(), False
-        try:
-            out = inner(*args, **kwargs)
-        finally:
-            call.addend_offered = False
-        moe_buf = out[4]
-        if not call.addend_written_by_sort:
+        if not sort_extension.work_after_sort(step.extensions):
+            step.addend_offer = call.addend
+
+    def start_from_addend(self, site, call, step) -> None:
+        if not step.folding:
+            return
+        moe_buf = step.outputs[4]
+        if not step.addend_written:
             moe_buf.copy_(call.addend)
         call.moe_buf, call.addend_state = moe_buf, FOLDED
-        return out
 
-    return moe_call.like(_moe_sorting_impl, inner)
+
+FEATURE = moe_pipeline.feature(AddendFold())
 
 
 def fused_moe_with_addend(addend, *args, **kwargs):
@@ -172,10 +167,10 @@ PATCH = Patch(
     name=NAME,
     summary="fused_moe(..., moe_addend=x): the shared-expert output folded into stage 2's accumulation",
     targets=(
-        Target("aiter.fused_moe", "fused_moe", pins.FUSED_MOE, _fused_moe_wrapper,
-               "Takes the extra keyword moe_addend; adds it after the call wherever it was not folded."),
-        Target("aiter.fused_moe", "_moe_sorting_impl", pins.MOE_SORTING_IMPL, _sort_wrapper,
-               "Starts moe_buf from the addend (in the one-launch sort, or one copy after AITER's sort)."),
+        moe_pipeline.target(moe_pipeline.FUSED_MOE, NAME,
+                            "Takes the extra keyword moe_addend; adds it after the call wherever it was not folded."),
+        moe_pipeline.target(moe_pipeline.SORT, NAME,
+                            "Starts moe_buf from the addend (in the one-launch sort, or one copy after AITER's sort)."),
     ),
     kernel_module="aiter_patches.kernels.moe_sort_mx_quant",
     relies_on=relied_on.MOE_ADDEND_FOLD,

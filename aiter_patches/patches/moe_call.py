@@ -1,24 +1,30 @@
-"""Per-call hand-off between the wrappers of one ``fused_moe`` call.
+"""The per-call plan of one ``fused_moe`` call, and the small helpers every MoE stage shares.
 
 ``fused_moe`` knows the activations and the shared-expert addend; the sort deep
 inside it (``_moe_sorting_impl``) is where one launch can use them; the stage-1
-quant helper later must find what the sort produced. These live in one
-:class:`MoeCall` held by a ``ContextVar`` for the duration of the outer call, so
-concurrent calls in other threads or asyncio tasks never see each other's data,
-and nothing outlives the call (reset in ``finally``).
+quant helper later must find what the sort produced. The pipeline
+(``moe_pipeline.py``) keeps these in one :class:`MoeCall`, the plan, held by a
+``ContextVar`` for the duration of the outer call, so concurrent calls in other
+threads or asyncio tasks never see each other's data, and nothing outlives the
+call (reset in ``finally``). Which feature reads and writes which field of the
+plan is declared by the features and checked (``moe_pipeline.checking()``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ..aiter_contract import MX_GROUP
+
 _CALL: ContextVar["MoeCall | None"] = ContextVar("aiter_patches_moe_call", default=None)
 
 PENDING, FOLDED, ADD_AFTER = "pending", "folded", "add-after"
+NOT_STAGE1 = "not the stage-1 call"  # a quant-helper call the hand-back was not made for: no fallback
 
 
 @dataclass(eq=False)
@@ -39,27 +45,22 @@ class StageOneQuant:
 
 @dataclass(eq=False)
 class MoeCall:
+    """The plan: what the stages of one ``fused_moe`` call hand each other (see moe_pipeline.py's table)."""
+
     hidden_states: Any
     quant_dtype: Any = None  # predicted stage-1 MX quant dtype, None when no MX quant is predicted
     addend: Any = None
     addend_state: str = PENDING
-    addend_offered: bool = False  # the addend layer lets the sort write the addend in its own launch
-    addend_written_by_sort: bool = False
-    moe_buf: Any = None
+    moe_buf: Any = None  # the sort's moe_buf, once the addend was folded into it
     stage1_quant: StageOneQuant | None = None
-    sort_reached: bool = False  # some wrapper of _moe_sorting_impl saw this call's sort
+    sort_reached: bool = False  # this call's sort went through the pipeline's _moe_sorting_impl
+
+
+PLAN_FIELDS = frozenset(MoeCall.__dataclass_fields__)
 
 
 def current() -> MoeCall | None:
     return _CALL.get()
-
-
-def mark_sort_reached() -> MoeCall | None:
-    """Called by every wrapper of ``_moe_sorting_impl``: this call's sort went through it."""
-    call = _CALL.get()
-    if call is not None:
-        call.sort_reached = True
-    return call
 
 
 @contextlib.contextmanager
@@ -94,109 +95,45 @@ def joined_or_new(bound: dict) -> tuple[MoeCall, bool]:
     return MoeCall(hidden_states=bound.get("hidden_states")), True
 
 
+_LIKE_ASSIGNED = tuple(a for a in functools.WRAPPER_ASSIGNMENTS if a != "__annotations__")
+
+
 def like(wrapper: Callable, inner: Callable) -> Callable:
-    """Give a wrapper its original's name and doc (no ``__wrapped__``: the registry records the chain)."""
-    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
-        try:
-            setattr(wrapper, attr, getattr(inner, attr))
-        except (AttributeError, TypeError):
-            pass
+    """``functools.update_wrapper(wrapper, inner)`` less ``__wrapped__`` and less the ``__dict__`` merge.
+
+    No ``__wrapped__``: the registry sets it to the layer the wrapper was built over
+    (another patch's wrapper, possibly, not the function whose name is copied here), and
+    the chain walk (status, revert, the lifecycle checks, ``inspect.signature``) follows
+    it. No ``__dict__`` merge: ``inner`` may be another patch's wrapper, whose
+    ``__aiter_patches__`` mark must not be copied. No ``__annotations__``: a wrapper
+    taking ``*args, **kwargs`` does not have the original's parameters.
+    """
+    functools.update_wrapper(wrapper, inner, assigned=_LIKE_ASSIGNED, updated=())
+    del wrapper.__wrapped__
     return wrapper
 
 
-def fused_moe_scope_wrapper(contribute: Callable[[MoeCall, dict, Any], None],
-                            after: Callable[[MoeCall, Any], None] | None = None):
-    """A wrapper factory for ``fused_moe`` that opens (or joins) the call's :class:`MoeCall`.
+def quant_mismatch(q: StageOneQuant, bound: dict, kind: str) -> str | None:
+    """Why a quant-helper call is not the stage-1 call ``q`` was made for, or None.
 
-    ``contribute(call, arguments, site)`` adds this patch's part (e.g. a quant
-    prediction); ``after(call, site)`` runs once ``fused_moe`` returned. Arguments the
-    pin does not explain send the call inward untouched.
+    The hand-back is only for that call: same activations (storage, shape, strides,
+    dtype), the same ``sorted_ids``/``num_valid_ids``/``sorted_weights`` buffers, the
+    same quant dtype and group size 32, used once. "not the stage-1 call" is the
+    inter-stage quant or another layer: not a fallback.
     """
-
-    def factory(inner, site):
-        binder = site.binder
-
-        def fused_moe(*args, **kwargs):
-            bound, problems = binder.bind(args, kwargs)
-            if problems:
-                site.counters.fallback(f"fused_moe: {problems[0]}")
-                return inner(*args, **kwargs)
-            call, new = joined_or_new(bound)
-            contribute(call, bound, site)
-            if not new:
-                out = inner(*args, **kwargs)
-            else:
-                with scope(call):
-                    out = inner(*args, **kwargs)
-            if after is not None:
-                after(call, site)
-            return out
-
-        return like(fused_moe, inner)
-
-    return factory
-
-
-def quant_helper_wrapper(kind: str):
-    """Wrapper factory for ``fused_dynamic_mx{fp4,fp8}_quant_moe_sort``: hand back the sort's quant.
-
-    Only for the stage-1 call it was made for: same activations (storage, shape,
-    strides, dtype), the same ``sorted_ids``/``num_valid_ids``/``sorted_weights``
-    buffers, the same quant dtype and group size 32, used once. Every other call
-    (the inter-stage quant, another layer) goes to AITER untouched.
-    """
-
-    def factory(inner, site):
-        binder = site.binder
-
-        def quant_moe_sort(*args, **kwargs):
-            call = current()
-            q = call.stage1_quant if call is not None else None
-            if q is None or q.consumed:
-                return inner(*args, **kwargs)
-            bound, problems = binder.bind(args, kwargs)
-            reason = problems[0] if problems else _mismatch(q, bound, kind)
-            if reason is None:
-                q.consumed = True
-                (q.counters or site.counters).hit()
-                return q.data, q.scale
-            if reason != "not the stage-1 call":
-                site.counters.fallback(f"stage-1 quant not taken from the sort: {reason}")
-            return inner(*args, **kwargs)
-
-        return like(quant_moe_sort, inner)
-
-    return factory
-
-
-def stage1_quant_targets(producer: str) -> tuple:
-    """The two MX quant-sort helpers ``fused_moe_2stages`` looks up in ``aiter.fused_moe``'s globals,
-    as targets that hand back a stage-1 quant made by ``producer`` (the sort, or an extension)."""
-    from ..registry import Target
-    from . import pins
-
-    return tuple(
-        Target("aiter.fused_moe", f"fused_dynamic_mx{kind}_quant_moe_sort", pin, quant_helper_wrapper(kind),
-               f"Looked up in aiter.fused_moe's globals by fused_moe_2stages: returns {producer}'s "
-               f"MX{kind.upper()} stage-1 quant.")
-        for kind, pin in (("fp4", pins.MXFP4_QUANT_MOE_SORT), ("fp8", pins.MXFP8_QUANT_MOE_SORT))
-    )
-
-
-def _mismatch(q: StageOneQuant, bound: dict, kind: str) -> str | None:
     x = bound.get("input")
     if x is None or not hasattr(x, "shape") or x.dim() != 2:
         return "input is not a 2-D tensor"
     if bound.get("sorted_ids") is not q.sorted_ids:
-        return "not the stage-1 call"
+        return NOT_STAGE1
     if x.shape[0] != bound.get("token_num"):
-        return "not the stage-1 call"
+        return NOT_STAGE1
     if bound.get("num_valid_ids") is not q.num_valid_ids:
         return "another num_valid_ids buffer"
     if bound.get("sorted_weights") is not q.sorted_weights:
         return "another sorted_weights buffer"
-    if bound.get("group_size", 32) != 32:
-        return f"group_size {bound.get('group_size')} (fast path: 32)"
+    if bound.get("group_size", MX_GROUP) != MX_GROUP:
+        return f"group_size {bound.get('group_size')} (fast path: {MX_GROUP})"
     if q.block_size is not None and bound.get("block_size") != q.block_size:
         return f"block_size {bound.get('block_size')} != the sort's {q.block_size}"
     import torch

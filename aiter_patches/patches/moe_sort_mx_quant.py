@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 
 from .. import foreign_layers, runtime
-from ..registry import Patch, Target
-from . import moe_call, pins, relied_on
-from .moe_call import StageOneQuant, enum_value, fused_moe_scope_wrapper, stage1_quant_targets, tensor_key
+from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
+from ..declarations import Patch
+from . import moe_call, moe_pipeline, relied_on
+from .moe_call import StageOneQuant, enum_value, tensor_key
 
 NAME = "moe_sort_mx_quant"
 KERNEL_MODULE = "aiter_patches.kernels.moe_sort_mx_quant"
@@ -162,33 +163,37 @@ def _kernel_config(fm, bound, q_dtype_a, out_dtype):
         return None
 
 
-def _contribute(call, bound, site) -> None:
-    if call.quant_dtype is None:
-        call.quant_dtype = predict_stage1_quant(bound)
+class SortMxQuant(moe_pipeline.Feature):
+    """The pipeline steps of this patch (moe_pipeline.py's table: fused_moe 2 and 3, _moe_sorting_impl 4)."""
 
+    name = NAME
+    reads = frozenset({"call.hidden_states", "call.quant_dtype", "call.stage1_quant", "call.sort_reached",
+                       "sort.addend_offer", "sort.outputs"})
+    writes = frozenset({"call.quant_dtype", "call.stage1_quant", "sort.outputs", "sort.addend_written"})
 
-def _count_unreached_sort(call, site) -> None:
-    if not call.sort_reached:
-        site.counters.fallback(foreign_layers.unreached_sort_reason())
+    def predict_quant(self, site, call, step) -> None:
+        if call.quant_dtype is None:
+            call.quant_dtype = predict_stage1_quant(step.arguments)
 
+    def count_unreached(self, site, call, step) -> None:
+        if not call.sort_reached:
+            site.counters.fallback(foreign_layers.unreached_sort_reason())
 
-def _sort_wrapper(inner, site):
-    binder = site.binder
-    counters = site.counters
-
-    def _moe_sorting_impl(*args, **kwargs):
-        moe_call.mark_sort_reached()
-        bound, problems = binder.bind(args, kwargs)
+    def one_launch_sort(self, site, call, step) -> None:
+        """The one-launch sort (+ quant, + the addend as moe_buf's fill); leaves ``step.outputs`` None to give the call to AITER."""
+        if step.outputs is not None:
+            return
+        counters = site.counters
+        bound, problems = step.bind()
         if problems:
             counters.fallback(problems[0])
-            return inner(*args, **kwargs)
+            return
         reason = python_level_reason(bound) or runtime.triton_backend_reason(bound["topk_ids"].device)
         if reason is not None:
             counters.fallback(reason)
-            return inner(*args, **kwargs)
-        call = moe_call.current()
+            return
         kernel = _kernel()
-        request = _request(bound, call)
+        request = _request(bound, call, step.addend_offer)
         if request["quant_input"] is not None and request["quant_input"].shape[0] == 0:
             # AITER's quant launcher divides by token_num: its outcome, not an empty result
             counters.fallback("stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)")
@@ -204,12 +209,12 @@ def _sort_wrapper(inner, site):
             reason = kernel.unsupported_reason(**request)
         if reason is not None:
             counters.fallback(reason)
-            return inner(*args, **kwargs)
+            return
         if request["quant_input"] is None and request["moe_buf_init"] is None:
             reason = sort_only_reason(bound, kernel)
             if reason is not None:
                 counters.fallback(reason)
-                return inner(*args, **kwargs)
+                return
         try:
             res = kernel.moe_sort_mx_quant(
                 bound["topk_ids"], bound["topk_weights"], bound["num_experts"], bound["model_dim"],
@@ -218,21 +223,20 @@ def _sort_wrapper(inner, site):
             )
         except Exception as exc:  # a compile or launch failure: AITER does the work
             counters.failed(exc, "moe_sort_mx_quant kernel")
-            return inner(*args, **kwargs)
+            return
         counters.hit()
-        if call is not None:
-            if res.quant is not None:
-                call.stage1_quant = StageOneQuant(
-                    sorted_ids=res.sorted_ids, num_valid_ids=res.num_valid_ids, sorted_weights=res.sorted_weights,
-                    quant_dtype=request["quant_dtype"], data=res.quant[0], scale=res.quant[1],
-                    input_key=tensor_key(request["quant_input"]), block_size=bound["block_size"],
-                    counters=counters,
-                )
-            if request["moe_buf_init"] is not None:
-                call.addend_written_by_sort = True
-        return (res.sorted_ids, res.sorted_weights, res.sorted_expert_ids, res.num_valid_ids, res.moe_buf)
+        if call is not None and res.quant is not None:
+            call.stage1_quant = StageOneQuant(
+                sorted_ids=res.sorted_ids, num_valid_ids=res.num_valid_ids, sorted_weights=res.sorted_weights,
+                quant_dtype=request["quant_dtype"], data=res.quant[0], scale=res.quant[1],
+                input_key=tensor_key(request["quant_input"]), block_size=bound["block_size"],
+                counters=counters,
+            )
+        step.addend_written = request["moe_buf_init"] is not None
+        step.outputs = (res.sorted_ids, res.sorted_weights, res.sorted_expert_ids, res.num_valid_ids, res.moe_buf)
 
-    return moe_call.like(_moe_sorting_impl, inner)
+
+FEATURE = moe_pipeline.feature(SortMxQuant())
 
 
 _OPUS_WORKSPACE: dict[tuple, int] = {}
@@ -252,7 +256,7 @@ def aiter_sort_launches(tokens: int, num_experts: int, topk: int, dispatch_polic
         _OPUS_WORKSPACE[key] = ws
     if ws == 0:
         return 1
-    return 2 if tokens < 2048 else 4
+    return 2 if tokens < SORT_FOUR_LAUNCHES_MIN_TOKENS else 4
 
 
 def sort_only_reason(bound: dict, kernel) -> str | None:
@@ -288,14 +292,14 @@ def _zeroes(bound: dict) -> bool:
     return bool(bound.get("accumulate", True)) or bound.get("expert_mask") is not None
 
 
-def _request(bound: dict, call) -> dict:
+def _request(bound: dict, call, addend_offer) -> dict:
     quant_input = None
     quant_dtype = None
     if call is not None and call.quant_dtype is not None and call.stage1_quant is None:
         hs = call.hidden_states
         if hs is not None and hs.dim() == 2 and hs.shape[0] == bound["topk_ids"].shape[0]:
             quant_input, quant_dtype = hs, call.quant_dtype
-    init = call.addend if (call is not None and call.addend_offered and _zeroes(bound)) else None
+    init = addend_offer if (addend_offer is not None and _zeroes(bound)) else None
     return {
         "topk_ids": bound["topk_ids"],
         "topk_weights": bound["topk_weights"],
@@ -321,11 +325,11 @@ PATCH = Patch(
     name=NAME,
     summary="MoE sort + moe_buf zero-fill + stage-1 MX (fp4/fp8) activation quant in one Triton launch",
     targets=(
-        Target("aiter.fused_moe", "fused_moe", pins.FUSED_MOE, fused_moe_scope_wrapper(_contribute, _count_unreached_sort),
-               "Predicts the stage-1 MX quant from the arguments and opens the per-call hand-off."),
-        Target("aiter.fused_moe", "_moe_sorting_impl", pins.MOE_SORTING_IMPL, _sort_wrapper,
-               "Looked up in aiter.fused_moe's globals by moe_sorting at call time: the one-launch sort (+ quant)."),
-        *stage1_quant_targets("the sort"),
+        moe_pipeline.target(moe_pipeline.FUSED_MOE, NAME,
+                            "Predicts the stage-1 MX quant from the arguments and opens the per-call hand-off."),
+        moe_pipeline.target(moe_pipeline.SORT, NAME, "Looked up in aiter.fused_moe's globals by moe_sorting at "
+                                                     "call time: the one-launch sort (+ quant)."),
+        *moe_pipeline.stage1_quant_targets(NAME, "the sort"),
     ),
     kernel_module=KERNEL_MODULE,
     order=30,

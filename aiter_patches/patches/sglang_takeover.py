@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import foreign_layers
 from ..drift import source_hash
-from ..registry import APPLIED, PENDING, Patch, Target
+from ..declarations import APPLIED, PENDING, Patch, Target
 from . import moe_call, pins, relied_on
 
 log = logging.getLogger("aiter_patches")

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
-from ..registry import Patch, Target
-from . import moe_call, pins, relied_on
-from .moe_call import StageOneQuant, fused_moe_scope_wrapper, stage1_quant_targets
+from ..aiter_contract import mx_scale_shape, sort_buffer_sizes
+from ..declarations import Patch
+from . import moe_pipeline, relied_on
+from .moe_call import StageOneQuant
 
 log = logging.getLogger("aiter_patches")
 
@@ -136,8 +137,7 @@ def expected_outputs(arguments: Mapping[str, Any]) -> dict[str, tuple[tuple[int,
     topk_ids = arguments["topk_ids"]
     M, topk = topk_ids.shape
     E, block = int(arguments["num_experts"]), int(arguments["block_size"])
-    padded = topk_ids.numel() + E * block - topk
-    blocks = (padded + block - 1) // block
+    padded, blocks = sort_buffer_sizes(topk_ids.numel(), topk, E, block)
     zeroed = arguments.get("accumulate", True) or arguments.get("expert_mask") is not None
     buf_shape = (M, int(arguments["model_dim"])) if zeroed else (0, 0)
     return {
@@ -190,7 +190,7 @@ def _validate_quant(ext: SortExtension, arguments: Mapping[str, Any], sorted_ids
             f"SortExtension '{ext.name}': quant data is {list(data.shape)} {data.dtype}; "
             f"stage 1 expects {list(want_data)} fp4x2 or fp8"
         )
-    want_scale = ((sorted_ids.shape[0] + 31) // 32 * 32, ((model_dim + 31) // 32 + 7) // 8 * 8)
+    want_scale = mx_scale_shape(sorted_ids.shape[0], model_dim)
     if tuple(scale.shape) != want_scale or scale.dtype != torch.float8_e8m0fnu:
         raise SortExtensionError(
             f"SortExtension '{ext.name}': quant scale is {list(scale.shape)} {scale.dtype}; "
@@ -211,44 +211,64 @@ def pin_defaults(site) -> dict[str, Any]:
     return defaults
 
 
-def work_after_sort() -> bool:
-    """Whether an active extension runs work right after the sort (which may produce what the sort reads)."""
-    return any(type(e).after_sort is not SortExtension.after_sort for e in active())
+def work_after_sort(extensions: tuple | None = None) -> bool:
+    """Whether one of ``extensions`` (default: the active ones) runs work right after the sort
+    (which may produce what the sort reads)."""
+    return any(type(e).after_sort is not SortExtension.after_sort
+               for e in (active() if extensions is None else extensions))
 
 
-def _sort_wrapper(inner, site):
-    binder = site.binder
-    counters = site.counters
-    defaults = pin_defaults(site)
+_DEFAULTS: dict[int, tuple[Any, dict]] = {}  # id(pin) -> (pin, its literal defaults)
 
-    def _moe_sorting_impl(*args, **kwargs):
-        moe_call.mark_sort_reached()
+
+def _defaults_of(site) -> dict[str, Any]:
+    got = _DEFAULTS.get(id(site.pin))
+    if got is None or got[0] is not site.pin:
+        got = _DEFAULTS[id(site.pin)] = (site.pin, pin_defaults(site))
+    return got[1]
+
+
+class SortExtensionHook(moe_pipeline.Feature):
+    """The pipeline steps of this patch (moe_pipeline.py's table: _moe_sorting_impl 1, 3 and 5)."""
+
+    name = NAME
+    reads = frozenset({"sort.extensions", "sort.sort_call", "sort.outputs"})
+    writes = frozenset({"sort.extensions", "sort.sort_call", "sort.outputs", "call.stage1_quant"})
+
+    def find_extensions(self, site, call, step) -> None:
         stack = active()
         if not stack:
-            return inner(*args, **kwargs)
-        bound, problems = binder.bind(args, kwargs)
+            return
+        bound, problems = step.bind()
         if problems:
-            counters.fallback(problems[0])
-            return inner(*args, **kwargs)
-        call = SortCall(MappingProxyType({**defaults, **bound}))
-        out = None
+            site.counters.fallback(problems[0])
+            return
+        step.extensions = stack
+        step.sort_call = SortCall(MappingProxyType({**_defaults_of(site), **bound}))
+
+    def offer_sort(self, site, call, step) -> None:
+        if not step.extensions or step.outputs is not None:
+            return
+        bound, _ = step.bind()
         if bound.get("return_local_topk_ids") or bound.get("output_aux"):
-            counters.fallback("return_local_topk_ids/output_aux: extensions are not offered calls with extra outputs")
-        else:
-            out = _ask(stack, call, counters)
-        if out is None:
-            out = inner(*args, **kwargs)
-        for ext in reversed(stack):
+            site.counters.fallback("return_local_topk_ids/output_aux: extensions are not offered calls with extra outputs")
+            return
+        out = _ask(step.extensions, step.sort_call, site.counters, call)
+        if out is not None:
+            step.outputs = out
+
+    def after_sort(self, site, call, step) -> None:
+        for ext in reversed(step.extensions):
             try:
-                ext.after_sort(call, out)
+                ext.after_sort(step.sort_call, step.outputs)
             except Exception as exc:
-                counters.failed(exc, f"SortExtension '{ext.name}'.after_sort")
-        return out
-
-    return moe_call.like(_moe_sorting_impl, inner)
+                site.counters.failed(exc, f"SortExtension '{ext.name}'.after_sort")
 
 
-def _ask(stack, call: SortCall, counters):
+FEATURE = moe_pipeline.feature(SortExtensionHook())
+
+
+def _ask(stack, call: SortCall, counters, plan):
     for ext in reversed(stack):
         try:
             out = ext.sort(call)
@@ -260,36 +280,30 @@ def _ask(stack, call: SortCall, counters):
         validate_outputs(ext, call.arguments, out)
         counters.hit()
         if len(out) == 6:
-            _hand_quant_to_stage1(ext, out, counters)
+            _hand_quant_to_stage1(ext, out, counters, plan)
         return tuple(out[:5])
     return None
 
 
-def _hand_quant_to_stage1(ext: SortExtension, out, counters) -> None:
-    c = moe_call.current()
-    if c is None:
+def _hand_quant_to_stage1(ext: SortExtension, out, counters, plan) -> None:
+    if plan is None:
         log.debug("aiter_patches: SortExtension '%s' returned a stage-1 quant outside fused_moe; unused", ext.name)
         return
     data, scale = out[5]
-    c.stage1_quant = StageOneQuant(
+    plan.stage1_quant = StageOneQuant(
         sorted_ids=out[0], num_valid_ids=out[3], sorted_weights=out[1], quant_dtype=data.dtype,
         data=data, scale=scale, input_key=None, counters=counters,
     )
-
-
-def _no_contribution(call, bound, site) -> None:
-    return None
 
 
 PATCH = Patch(
     name=NAME,
     summary="SortExtension hook: scoped, model-agnostic extensions offered each MoE sort call",
     targets=(
-        Target("aiter.fused_moe", "fused_moe", pins.FUSED_MOE, fused_moe_scope_wrapper(_no_contribution),
-               "Opens the per-call hand-off an extension's stage-1 quant travels through."),
-        Target("aiter.fused_moe", "_moe_sorting_impl", pins.MOE_SORTING_IMPL, _sort_wrapper,
-               "Offers the call to the active extensions, innermost first."),
-        *stage1_quant_targets("an extension"),
+        moe_pipeline.target(moe_pipeline.FUSED_MOE, NAME,
+                            "Opens the per-call hand-off an extension's stage-1 quant travels through."),
+        moe_pipeline.target(moe_pipeline.SORT, NAME, "Offers the call to the active extensions, innermost first."),
+        *moe_pipeline.stage1_quant_targets(NAME, "an extension"),
     ),
     kernel_module=None,
     relies_on=relied_on.SORT_EXTENSION,

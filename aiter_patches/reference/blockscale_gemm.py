@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-SCALE_BLOCK = 128
+from ..aiter_contract import SCALE_BLOCK  # noqa: F401  (re-exported)
 
 
 def shuffle_weight_16x16(b: torch.Tensor) -> torch.Tensor:

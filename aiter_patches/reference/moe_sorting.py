@@ -34,14 +34,9 @@ from __future__ import annotations
 
 import torch
 
+from ..aiter_contract import TOKEN_BITS, sort_buffer_sizes  # noqa: F401  (sort_buffer_sizes re-exported)
+
 UNDEFINED_ID = -1
-
-
-def sort_buffer_sizes(num_pairs: int, topk: int, num_experts: int, block_size: int) -> tuple[int, int]:
-    """AITER's ``(max_num_tokens_padded, max_num_m_blocks)`` for ``num_pairs = topk_ids.numel()``."""
-    max_num_tokens_padded = num_pairs + num_experts * block_size - topk
-    max_num_m_blocks = (max_num_tokens_padded + block_size - 1) // block_size
-    return max_num_tokens_padded, max_num_m_blocks
 
 
 def local_expert_ids(num_experts: int, expert_mask: torch.Tensor | None, device=None) -> torch.Tensor:
@@ -109,11 +104,11 @@ def moe_sorting_reference(
     e_sorted, f_sorted = ids[order], flat[order]
     rank = torch.arange(e_sorted.numel(), device=dev) - cnt_start[e_sorted]
     pos = seg_start[e_sorted] + rank
-    sorted_ids[pos] = (((f_sorted % topk) << 24) | (f_sorted // topk)).to(torch.int32)
+    sorted_ids[pos] = (((f_sorted % topk) << TOKEN_BITS) | (f_sorted // topk)).to(torch.int32)
     sorted_weights[pos] = weights[order]
 
     T_given = token_count_as_given(M, num_local_tokens)
-    pad_id = (topk << 24) | (T_given & 0xFFFFFF)
+    pad_id = (topk << TOKEN_BITS) | (T_given & ((1 << TOKEN_BITS) - 1))
     for e in torch.nonzero(counts).flatten().tolist():
         lo, hi = int(seg_start[e] + counts[e]), int(seg_start[e] + padded[e])
         sorted_ids[lo:hi] = pad_id

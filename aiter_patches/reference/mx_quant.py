@@ -36,41 +36,25 @@ Per group of 32 consecutive values of a row (aiter-facts.md "MX quant contract",
 
 from __future__ import annotations
 
-import struct
 from typing import NamedTuple
 
 import torch
 
-GROUP = 32
-STAGE1_FUSED_MAX_PAIRS = 2048  # AITER: stage-1 quant is fused when token_num <= 8 * 256 / topk
+from ..aiter_contract import (  # re-exported: the formats and AITER's rules are the contract's, written once
+    AMAX_FLOOR_BITS,
+    FP4_E2M1,
+    FP8_E4M3FN,
+    FP8_E4M3FNUZ,
+    MX_GROUP,
+    STAGE1_FUSED_MAX_PAIRS,
+    MxFormat,
+    mx_format,
+    mx_scale_shape,
+    round_up,
+    stage1_uses_fused_quant,
+)
 
-
-class MxFormat(NamedTuple):
-    """Integer description of an MX element format (e2m1 or e4m3)."""
-
-    mant_bits: int
-    min_exp: int  # unbiased exponent of the smallest normal
-    max_code: int  # magnitude code of the largest finite value
-    nan_code: int | None  # byte of a non-finite element (NaN; +-Inf); None: saturate, sign kept
-    neg_zero: bool  # whether a negative zero keeps its sign bit
-    sign_shift: int
-    inv_max_pos_bits: int  # fp32 bits of 1 / max_pos, as AITER's constant
-
-
-FP4_E2M1 = MxFormat(1, 0, 0x7, None, True, 3, 0x3E2AAAAB)
-FP8_E4M3FN = MxFormat(3, -6, 0x7E, 0xFE, True, 7, 0x3B124925)  # NaN -> -448
-FP8_E4M3FNUZ = MxFormat(3, -7, 0x7F, 0xFF, False, 7, 0x3B888889)  # NaN -> -240
-AMAX_FLOOR_BITS = struct.unpack("<I", struct.pack("<f", 1e-10))[0]
-
-
-def mx_format(quant_dtype: torch.dtype) -> MxFormat:
-    if quant_dtype == torch.float4_e2m1fn_x2:
-        return FP4_E2M1
-    if quant_dtype == torch.float8_e4m3fn:
-        return FP8_E4M3FN
-    if quant_dtype == torch.float8_e4m3fnuz:
-        return FP8_E4M3FNUZ
-    raise ValueError(f"unsupported MX quant dtype {quant_dtype}")
+GROUP = MX_GROUP
 
 
 def _f32_bits(x: torch.Tensor) -> torch.Tensor:
@@ -144,18 +128,8 @@ def mx_scale_swizzle_index(row, group, scale_n_pad: int):
             + (row % 16) * 4 + ((group % 8) // 4) * 2 + (row % 32) // 16)
 
 
-def pad_to(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple
-
-
-def scale_shape(num_sorted: int, n: int) -> tuple[int, int]:
-    """AITER's scale tensor shape for ``len(sorted_ids) = num_sorted`` and ``N = n``."""
-    return pad_to(num_sorted, 32), pad_to((n + GROUP - 1) // GROUP, 8)
-
-
-def stage1_uses_fused_quant(token_num: int, topk: int) -> bool:
-    """Whether AITER's stage-1 ``fused_dynamic_mx_quant_moe_sort`` takes its fused single kernel."""
-    return token_num * topk <= STAGE1_FUSED_MAX_PAIRS
+pad_to = round_up
+scale_shape = mx_scale_shape  # AITER's scale tensor shape for len(sorted_ids) and N
 
 
 class MxQuantSortResult(NamedTuple):
@@ -261,7 +235,7 @@ def mx_quant_moe_sort_reference(
 def swizzle_scale_rows(row_scale: torch.Tensor) -> torch.Tensor:
     """AITER's ``shuffle_scale`` form: pad ``[R, G]`` to (pad32, pad8) and permute (used by tests)."""
     R, G = row_scale.shape
-    sm, sn = pad_to(R, 32), pad_to(G, 8)
+    sm, sn = mx_scale_shape(R, G * GROUP)
     padded = torch.zeros(sm, sn, dtype=row_scale.dtype, device=row_scale.device)
     padded[:R, :G] = row_scale
     return padded.view(sm // 32, 2, 16, sn // 8, 2, 4).permute(0, 3, 5, 2, 4, 1).contiguous().view(sm, sn)

@@ -16,7 +16,7 @@ import pytest
 from aiter_patches import drift
 
 BODY = r"""
-import json, sys
+import importlib, json, sys
 import aiter_patches
 from aiter_patches import registry
 
@@ -31,7 +31,9 @@ def states(report):
 out = {}
 before_import = aiter_patches.apply()
 out["before_import"] = states(before_import)
-import aiter, aiter.fused_moe, aiter.ops.gemm_op_a8w8  # the post-import hooks run here
+import aiter  # the post-import hooks run here, and at each module the registry's patches target in AITER
+for module in sorted({m for p in registry.patches() for m in p.modules if m.split(".")[0] == "aiter"}):
+    importlib.import_module(module)
 out["aiter_file"] = aiter.__file__
 out["after_hook"] = {r["name"]: [r["state"], r["reason"]] for r in registry.status()["patches"]}
 snap = bindings()
@@ -79,12 +81,17 @@ def test_apply_on_the_real_wheel_skips_with_the_drift_reports_reasons(aiter_whee
     out = json.loads(lines[0][len("RESULT "):])
 
     assert out["aiter_file"].startswith(str(unpacked_wheel))
-    names = set(expected_reasons(aiter_wheel))
+    from aiter_patches import registry
+
+    opt_in = [p.name for p in registry.patches() if p.opt_in]  # server integrations: off unless switched on
+    names = set(expected_reasons(aiter_wheel)) - set(opt_in)
     for key in ("before_import", "after_hook", "immediate"):  # not AITER's: inactive without SGLang
         assert out[key].pop("sglang_takeover") == ["inactive", "sglang is not installed"]
+        for n in opt_in:
+            assert out[key].pop(n)[0] == "disabled"
     assert {n for n, (state, _) in out["before_import"].items()} == names
     assert all(state == "pending" for state, _ in out["before_import"].values())
-    want = {n: ["skipped", r] for n, r in expected_reasons(aiter_wheel).items()}
+    want = {n: ["skipped", r] for n, r in expected_reasons(aiter_wheel).items() if n not in opt_in}
     assert out["after_hook"] == want
     assert out["immediate"] == want
     assert sorted(out["reverted_hooked"]) == []  # skipped patches have nothing to take off

@@ -9,10 +9,8 @@ installed: ``expected_on_stand_in()`` says so.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from aiter_patches import registry
-from aiter_patches.stub_aiter import STUB_ROOT
+from aiter_patches.testing import stand_in_has
 
 
 def names() -> list[str]:
@@ -25,7 +23,7 @@ def patch(name: str):
 
 
 def modules(name: str) -> list[str]:
-    return list(dict.fromkeys(t.module for t in patch(name).targets))
+    return list(patch(name).modules)
 
 
 def locations(name: str) -> list[str]:
@@ -34,24 +32,31 @@ def locations(name: str) -> list[str]:
 
 def on_stand_in(module: str) -> bool:
     """Whether the stand-in AITER has this module (read from its files: nothing is imported)."""
-    path = Path(STUB_ROOT, *module.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    return stand_in_has(module)
 
 
 def stand_in_names() -> list[str]:
     """The patches every module of which the stand-in has: they apply on it."""
-    return [n for n in names() if all(on_stand_in(m) for m in modules(n))]
+    return [n for n in names() if all(on_stand_in(m) for m in modules(n)) and not opt_in_off(n)]
 
 
 def expected_on_stand_in() -> dict[str, str]:
     """Each patch's state once every stand-in module is imported and ``apply()`` ran."""
     ok = set(stand_in_names())
-    return {n: "applied" if n in ok else "inactive" if _requires_missing(n) else "pending" for n in names()}
+    return {n: "disabled" if opt_in_off(n) else "applied" if n in ok else "inactive" if _requires_missing(n)
+            else "pending" for n in names()}
 
 
 def expected_before_import() -> dict[str, str]:
     """Each patch's state after ``apply()`` with nothing of AITER imported yet."""
-    return {n: "inactive" if _requires_missing(n) else "pending" for n in names()}
+    return {n: "disabled" if opt_in_off(n) else "inactive" if _requires_missing(n) else "pending" for n in names()}
+
+
+def opt_in_off(name: str) -> bool:
+    """A server integration the switch (AITER_PATCHES_INTEGRATIONS) leaves off: disabled whatever is installed."""
+    from aiter_patches.integrations import switch
+
+    return name in switch.not_switched_on(registry.patches())
 
 
 def _requires_missing(name: str) -> bool:
@@ -61,8 +66,14 @@ def _requires_missing(name: str) -> bool:
 
 def outermost_at(location: str) -> str:
     """The patch whose wrapper is the head of the chain at ``location`` (lowest order)."""
-    on_it = [p for p in registry.patches() if location in (t.location for t in p.targets)]
+    live = set(stand_in_names())
+    on_it = [p for p in registry.patches() if location in (t.location for t in p.targets) and p.name in live]
     return min(on_it, key=lambda p: (p.order, p.name)).name
+
+
+def on_location(location: str) -> list[str]:
+    """The patches that wrap ``location``, in declared order."""
+    return [n for n in names() if location in locations(n)]
 
 
 def shared_location() -> str:

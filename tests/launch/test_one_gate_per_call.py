@@ -8,15 +8,13 @@ import torch
 import aiter_patches
 from aiter_patches.kernels import blockscale_gemm_splitk as gemm
 from aiter_patches.kernels import moe_sort_mx_quant as k
-from aiter_patches.testing import use_stub_aiter
+from aiter_patches.testing import import_stand_in_targets, use_stub_aiter
 
 
 @pytest.fixture
 def stub():
     with use_stub_aiter() as aiter:
-        import aiter.fused_moe  # noqa: F401
-        import aiter.ops.gemm_op_a8w8  # noqa: F401
-
+        import_stand_in_targets()
         yield aiter
 
 

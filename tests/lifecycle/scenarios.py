@@ -46,11 +46,19 @@ def import_all() -> None:
 
 def alone(name: str) -> dict[str, str]:
     """Expected states once only ``name`` was applied and every stand-in module is imported."""
-    return {n: registry_view.expected_on_stand_in()[n] if n == name else "inactive" for n in names()}
+    return {n: registry_view.expected_on_stand_in()[n] if n == name else _off(n) for n in names()}
 
 
 def inactive() -> dict[str, str]:
-    return {n: "inactive" for n in names()}
+    return {n: _off(n) for n in names()}
+
+
+def _off(name: str) -> str:
+    """An opt-in server integration left off by the switch is ``disabled`` once an apply() saw it (revert keeps
+    that, as for AITER_PATCHES_DISABLE), ``inactive`` before: the matrix does not exercise it."""
+    if registry_view.opt_in_off(name) and registry.state(name) == "disabled":
+        return "disabled"
+    return "inactive"
 
 
 def everything() -> dict[str, str]:

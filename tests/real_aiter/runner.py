@@ -158,6 +158,55 @@ def _predicted(aiter, case, gfx):
     return None if q is None else str(q)
 
 
+COMBINATION_GFX = "gfx950"
+COMBINATION_CASE = "mxfp4-addend"
+MOE_FEATURES = ("moe_addend_fold", "sort_extension", "moe_sort_mx_quant")
+
+
+def combinations(aiter, gfx):
+    """Every subset of the three MoE features on one case: the addend, made by an extension's after-sort work.
+
+    Per subset: which of the references the output equals bit for bit (AITER's output plus the
+    addend or plus zeros, AITER's output with ``moe_buf`` started from the addend), the
+    counters, and when the extension's work ran. The test says which reference each subset
+    must give (tests/real_aiter/test_combinations.py).
+    """
+    import itertools
+
+    import torch
+
+    import aiter_patches
+    from aiter_patches import registry
+    from aiter_patches.extensions import DeferredWork
+
+    case = next(c for c in case_table.cases() if c["name"] == COMBINATION_CASE)
+    registry.revert()
+    args, kwargs, real = _build(aiter, case, gfx)
+    plain = aiter.fused_moe.fused_moe(*args, **kwargs)
+    refs = {"aiter+addend": plain.clone().add_(real), "aiter+zeros": plain.clone().add_(torch.zeros_like(real)),
+            "aiter": plain, "fold": _unpatched_with_addend_in_moe_buf(aiter, args, kwargs, real)}
+    out = {"_refs": {"fold == aiter+addend": bool(torch.equal(refs["fold"].view(torch.uint8),
+                                                              refs["aiter+addend"].view(torch.uint8)))}}
+    for r in range(len(MOE_FEATURES) + 1):
+        for subset in itertools.combinations(MOE_FEATURES, r):
+            registry.revert()
+            aiter_patches.apply(list(subset))
+            registry.reset_stats()
+            addend = torch.zeros_like(real)
+            ext = DeferredWork(lambda: addend.copy_(real))
+            chain.CALLS.clear()
+            with aiter_patches.sort_extension(ext):
+                got = aiter_patches.fused_moe_with_addend(addend, *args, **kwargs)
+            out["+".join(subset)] = {
+                "equals": sorted(n for n, ref in refs.items() if torch.equal(got.view(torch.uint8), ref.view(torch.uint8))),
+                "stats": {n: registry.stats()[n] for n in MOE_FEATURES},
+                "ran": [ext.ran_after_sort, ext.ran_at_exit],
+                "calls": list(chain.CALLS),
+            }
+    registry.revert()
+    return out
+
+
 def run(aiter, selected, gfx):
     import torch
 
@@ -191,6 +240,8 @@ def run(aiter, selected, gfx):
             "extension_sorts": p.get("extension_sorts"),
             "seconds": [u["seconds"], p["seconds"]],
         }
+    if gfx == COMBINATION_GFX and not selected:
+        report["combinations"] = combinations(aiter, gfx)
     report["tripped"] = list(chain.TRIPPED)
     report["aiter_file"] = str(Path(aiter.__file__).resolve())
     return report

@@ -80,3 +80,41 @@ def test_binder_flags_what_the_pin_does_not_know():
 def test_bad_pin_text_is_an_error():
     with pytest.raises(ValueError, match="not a parameter list"):
         S.Signature.parse("(a, b=")
+
+
+def test_torch_op_schema_is_read_by_name_or_through_wrapped_and_declines_what_it_cannot_read():
+    lib = torch.library.Library("aiter_patches_schematest", "FRAGMENT")
+    lib.define("plain_op(Tensor x, int n=2) -> Tensor")
+    lib.define("only_out.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")  # no default overload
+
+    def plain_op(*args, **kwargs):
+        pass
+
+    def outer(*args, **kwargs):
+        pass
+
+    outer.__wrapped__ = plain_op
+    ns = ("aiter_patches_nosuch_ns", "aiter_patches_schematest")
+    assert str(S.from_schema(S.torch_op_schema(plain_op, ns))) == "(x, n=2)"
+    assert str(S.from_schema(S.torch_op_schema(outer, ns))) == "(x, n=2)"
+
+    def only_out(*args, **kwargs):
+        pass
+
+    def unknown_op(*args, **kwargs):
+        pass
+
+    assert S.torch_op_schema(only_out, ns) is None
+    assert S.torch_op_schema(unknown_op, ns) is None
+    assert S.torch_op_schema(object(), ns) is None  # no __name__ at all
+
+
+def test_no_other_module_reads_torchs_private_op_schema():
+    import pathlib
+
+    import aiter_patches
+
+    root = pathlib.Path(aiter_patches.__file__).parent
+    readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                     if "._schema" in p.read_text(encoding="utf-8"))
+    assert readers == ["signatures.py"]

@@ -6,6 +6,14 @@ launcher (``csrc/py_itfs_cu/asm_a8w8_blockscale_bpreshuffle.cu``) checks the
 shapes, picks the tile and split count, memsets ``out`` when the split count is
 above one, and launches the ``.co`` kernel whose splits add atomically. The
 stand-in does the same with the Triton split-K kernel of ``aiter_patches``.
+
+``gemm_a8w8_blockscale_bpreshuffle`` (AITER line 909) is the dispatcher servers call:
+it takes ``out`` (or allocates ``Y``), looks the shape up in its tuned config and calls
+the chosen kernel with ``Y`` positionally; for ``libtype == "asm"`` that is
+``gemm_a8w8_blockscale_bpreshuffle_asm(XQ, WQ, Y, x_scale, w_scale, splitK=..., kernelName=...)``,
+looked up in this module's globals at call time. The stand-in's tuned config is
+``TUNED`` (``{(M, N, K): {"libtype": ..., "splitK": ...}}``, empty: every shape takes
+the CK default, a one-split kernel that writes every element).
 """
 
 import functools
@@ -14,6 +22,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "gemm_a8w8_blockscale_bpreshuffle",
     "gemm_a8w8_blockscale_bpreshuffle_asm",
     "_gemm_a8w8_blockscale_bpreshuffle_asm",
     "get_zero_bias_buf",
@@ -101,3 +110,44 @@ def gemm_a8w8_blockscale_bpreshuffle_asm(
         zero_bias_buf,
     )
     return out
+
+
+# (M, N, K) -> AITER's tuned-config row for the dispatcher (libtype, splitK, kernelName); tests fill it
+TUNED: dict = {}
+
+
+def get_CKGEMM_config(M: int, N: int, K: int, tuned_file: str | None = None):
+    """AITER's lookup of the tuned CSV row for one shape (None: untuned)."""
+    return TUNED.get((M, N, K))
+
+
+def gemm_a8w8_blockscale_bpreshuffle_ck(XQ: Tensor, WQ: Tensor, x_scale: Tensor, w_scale: Tensor, Y: Tensor,
+                                        kernelName: str = "") -> Tensor:
+    """The stand-in's CK kernel: one split (no memset, every element written)."""
+    _gemm_a8w8_blockscale_bpreshuffle_asm(XQ, WQ, Y, x_scale, w_scale, None, -1, None, 1, None)
+    return Y
+
+
+def gemm_a8w8_blockscale_bpreshuffle(
+    XQ: Tensor,
+    WQ: Tensor,
+    x_scale: Tensor,
+    w_scale: Tensor,
+    dtype: torch.dtype = torch.bfloat16,
+    out: Tensor | None = None,
+) -> Tensor:
+    """AITER line 909 (the tuned dispatcher), for the libtypes the stand-in has: asm, and CK otherwise."""
+    assert dtype in (torch.bfloat16, torch.float16), f"Output {dtype=} is currently not supported in gemm_a8w8"
+    m, n, k = XQ.shape[0], WQ.shape[0], XQ.shape[1]
+    if out is not None:
+        assert out.shape == (m, n) and out.dtype == dtype and out.device == XQ.device, (
+            f"gemm_a8w8_blockscale_bpreshuffle: out buffer {tuple(out.shape)}/{out.dtype} != expected ({m},{n})/{dtype}"
+        )
+        Y = out
+    else:
+        Y = torch.empty(m, n, dtype=dtype, device=XQ.device)
+    config = get_CKGEMM_config(m, n, k)
+    if config is not None and config["libtype"] == "asm":
+        return gemm_a8w8_blockscale_bpreshuffle_asm(XQ, WQ, Y, x_scale, w_scale, splitK=config["splitK"],
+                                                    kernelName=str(config.get("kernelName", "")))
+    return gemm_a8w8_blockscale_bpreshuffle_ck(XQ, WQ, x_scale, w_scale, Y)

@@ -1,0 +1,190 @@
+"""Patch: ``gemm_a8w8_blockscale_bpreshuffle(..., out=buf, out_zeroed=True)``: the servers' entry point takes the promise.
+
+SGLang and vLLM never call the asm kernel's entry point; they call AITER's tuned
+dispatcher, which picks a kernel per shape from its tuned config and, for
+``libtype == "asm"``, calls ``gemm_a8w8_blockscale_bpreshuffle_asm(XQ, WQ, Y, ...)``
+with ``Y`` = the caller's ``out``. So ``gemm_out_zeroed``'s ``out_zeroed=True`` is
+unreachable from a server unless the dispatcher carries it. This patch adds
+the keyword to the dispatcher and forwards it to the asm entry point only:
+
+- the dispatcher's wrapper records the promise (the ``out`` tensor, by identity)
+  in a context variable for the one call;
+- a layer over the asm entry point (outside ``gemm_out_zeroed``'s) passes
+  ``out_zeroed=True`` on when the tensor it is given is exactly that ``out``, once;
+  ``gemm_out_zeroed`` then skips the memset where the split count is above one and
+  runs the original call at one split (its own rule, counted there);
+- every other kernel the config picks (CK, CKTile, Triton, opus, FlyDSL) writes
+  every element and never sees the promise: it is ignored, counted.
+
+Without ``out`` there is nothing zeroed to promise (the dispatcher allocates
+``torch.empty``): the keyword is ignored, counted. With ``gemm_out_zeroed`` not
+applied, the asm call keeps its memset (the layer cannot forward the keyword to
+AITER's own function), counted. ``out_zeroed=False`` (the default) is exactly the
+original call.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+
+from ..declarations import APPLIED, Patch, SourcePin, Target
+from ..signatures import Pin
+from . import moe_call, pins, relied_on
+
+NAME = "gemm_dispatch_out_zeroed"
+PRODUCER = "gemm_out_zeroed"
+MODULE = "aiter.ops.gemm_op_a8w8"
+DISPATCHER = "gemm_a8w8_blockscale_bpreshuffle"
+ASM = "gemm_a8w8_blockscale_bpreshuffle_asm"
+
+DISPATCHER_PINS = (
+    Pin("e4048607a5", "(XQ, WQ, x_scale, w_scale, dtype=dtypes.bf16, out=None)",
+        "ROCm/aiter e4048607a5 (v0.1.20-46) aiter/ops/gemm_op_a8w8.py:909 (@torch_compile_guard: "
+        "read through torch.ops.aiter.gemm_a8w8_blockscale_bpreshuffle's schema at run time)"),
+)
+DISPATCHER_SOURCE = SourcePin(
+    MODULE, DISPATCHER,
+    "bbcacc485b2561f9256045268d400bfc58718460fa3ecfa5153e7045cd5585e2",
+    "Y is the caller's out (asserted shape/dtype/device) and reaches the asm branch untouched: "
+    "gemm_a8w8_blockscale_bpreshuffle_asm(XQ, WQ, Y, x_scale, w_scale, splitK=config['splitK'], ...), "
+    "looked up in the module's globals; every other branch writes every element of Y",
+    "ROCm/aiter e4048607a5 aiter/ops/gemm_op_a8w8.py:909",
+)
+
+NOT_ASM = "the tuned config chose another kernel than asm (it writes every element): out_zeroed ignored"
+NO_OUT = "out_zeroed without out=: the dispatcher allocates its own output"
+
+_promise: contextvars.ContextVar["_Promise | None"] = contextvars.ContextVar("aiter_patches_gemm_out_zeroed",
+                                                                             default=None)
+
+
+@dataclass
+class _Promise:
+    out: object
+    forwarded: bool = False
+
+
+def _dispatcher_wrapper(inner, site):
+    from .. import registry
+
+    binder = site.binder
+    counters = site.counters
+
+    def gemm_a8w8_blockscale_bpreshuffle(*args, out_zeroed=False, **kwargs):
+        if not out_zeroed:
+            return inner(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        if problems:  # AITER raises its own TypeError for the same call
+            counters.fallback(problems[0])
+            return inner(*args, **kwargs)
+        if bound.get("out") is None:
+            counters.fallback(NO_OUT)
+            return inner(*args, **kwargs)
+        state = registry.state(PRODUCER)
+        if state != APPLIED:
+            counters.fallback(f"{PRODUCER} is {state}: the asm kernel keeps its memset")
+            return inner(*args, **kwargs)
+        promise = _Promise(bound["out"])
+        token = _promise.set(promise)
+        try:
+            result = inner(*args, **kwargs)
+        finally:
+            _promise.reset(token)
+        if promise.forwarded:
+            counters.hit()
+        else:
+            counters.fallback(NOT_ASM)
+        return result
+
+    return moe_call.like(gemm_a8w8_blockscale_bpreshuffle, inner)
+
+
+def _asm_wrapper(inner, site):
+    binder = site.binder
+    takes_keyword = getattr(inner, "__aiter_patches__", None) == PRODUCER  # gemm_out_zeroed's layer under ours
+
+    def gemm_a8w8_blockscale_bpreshuffle_asm(*args, **kwargs):
+        promise = _promise.get()
+        if promise is None or promise.forwarded or not takes_keyword or "out_zeroed" in kwargs:
+            return inner(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        if problems or bound.get("out") is not promise.out:
+            return inner(*args, **kwargs)
+        promise.forwarded = True
+        return inner(*args, out_zeroed=True, **kwargs)
+
+    return moe_call.like(gemm_a8w8_blockscale_bpreshuffle_asm, inner)
+
+
+def check(device):
+    """``aiter-patches verify``: the dispatcher with a zeroed ``out`` and the promise against the unpatched dispatcher.
+
+    On the stand-in its tuned table is pointed at asm with two splits for the
+    check's shape (so the promise is forwarded: bitwise, the stand-in's splits add
+    in a fixed order). On real AITER the installed tuned config decides: bitwise
+    where the promise is ignored; where asm took it, AITER's splits add atomically,
+    so within 1e-2 relative (2-norm) of the unpatched call.
+    """
+    import sys
+
+    import torch
+
+    from ..checks import CheckResult
+    from ..reference.blockscale_gemm import shuffle_weight_16x16
+    from ..verify import suspended
+    from .. import registry
+
+    aiter = sys.modules["aiter"]
+    mod = sys.modules[MODULE]
+    fp8 = aiter.dtypes.fp8
+    g = torch.Generator().manual_seed(11)
+    M, N, K = 16, 256, 512
+    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
+    Bs = shuffle_weight_16x16((torch.randn(N, K, generator=g) * 2).to(fp8)).to(device)
+    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()
+    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
+    stand_in = getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
+    saved = dict(getattr(mod, "TUNED", {}))
+    if stand_in:
+        mod.TUNED[(M, N, K)] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
+    try:
+        before = registry.stats()[NAME]["fast"]
+        out_p = torch.zeros(M, N, dtype=torch.bfloat16, device=device)
+        getattr(mod, DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16, out=out_p, out_zeroed=True)
+        forwarded = registry.stats()[NAME]["fast"] > before
+        with suspended():
+            out_o = getattr(mod, DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+    finally:
+        if stand_in:
+            mod.TUNED.clear()
+            mod.TUNED.update(saved)
+    if stand_in and not forwarded:
+        return CheckResult("bitwise", False, f"the promise was not forwarded ({registry.stats()[NAME]['fallback']})")
+    if stand_in or not forwarded:
+        ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
+        detail = "asm split 2 without memset equals the dispatcher's memset + GEMM" if forwarded else \
+            "the tuned config did not choose asm here: the promise was ignored, AITER's result"
+        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
+    err = ((out_p.float() - out_o.float()).norm() / out_o.float().norm()).item()
+    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= 1e-2,
+                       f"asm took the promise; relative error {err:.2e}")
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="gemm_a8w8_blockscale_bpreshuffle(..., out=buf, out_zeroed=True): the dispatcher forwards the promise "
+            "to the asm kernel (split-K without memset), ignores it for every other kernel",
+    targets=(
+        Target(MODULE, DISPATCHER, DISPATCHER_PINS, _dispatcher_wrapper,
+               "Takes the extra keyword out_zeroed (default False: the original call); with out= given and "
+               "gemm_out_zeroed applied, the promise holds for that out tensor during the call."),
+        Target(MODULE, ASM, pins.GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_ASM, _asm_wrapper,
+               "Outside gemm_out_zeroed's layer: passes out_zeroed=True on for exactly the promised out tensor, "
+               "once; any other call unchanged."),
+    ),
+    kernel_module=None,
+    relies_on=(DISPATCHER_SOURCE, *relied_on.GEMM_OUT_ZEROED),
+    order=40,
+    check="aiter_patches.patches.gemm_dispatch_out_zeroed:check",
+)

@@ -1,0 +1,443 @@
+"""One MoE pipeline: one wrapper per AITER target, whatever MoE features are applied.
+
+The three MoE patches (``moe_addend_fold``, ``sort_extension``, ``moe_sort_mx_quant``)
+work on the same AITER functions and hand each other data within one ``fused_moe``
+call. Each stays a registry patch of its own (name, status row, enable/disable
+switch, all-or-nothing gate on its targets' pins, revert, counters), but they share
+one wrapper per target: it binds the arguments once and runs the applied features'
+steps in the order of the table below, passing one plan (:class:`moe_call.MoeCall`,
+per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
+:class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
+writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
+read the bound arguments: ``arguments`` and ``problems``, ``bind()`` on the sort's step); under :func:`checking` an undeclared
+access raises :class:`UndeclaredField`.
+
+=================  ====  ==================  ===================  ==========================================  ==========================================
+target             step  feature             does                 reads                                       writes
+=================  ====  ==================  ===================  ==========================================  ==========================================
+fused_moe          1     moe_addend_fold     take_addend          fused_moe.keywords                          call.addend, call.addend_state
+fused_moe          2     moe_sort_mx_quant   predict_quant        call.quant_dtype                            call.quant_dtype
+fused_moe          --    AITER's fused_moe
+fused_moe          3     moe_sort_mx_quant   count_unreached      call.sort_reached                           (counters)
+fused_moe          4     moe_addend_fold     add_or_count         call.addend, call.addend_state,             fused_moe.output (adds the addend in place)
+                                                                  call.moe_buf, fused_moe.output
+_moe_sorting_impl  0     (pipeline)          sort reached                                                     call.sort_reached
+_moe_sorting_impl  1     sort_extension      find_extensions                                                  sort.extensions, sort.sort_call
+_moe_sorting_impl  2     moe_addend_fold     decide_fold          call.addend, call.addend_state,             call.addend_state, sort.folding,
+                                                                  sort.extensions                             sort.addend_offer
+_moe_sorting_impl  3     sort_extension      offer_sort           sort.extensions, sort.sort_call,            sort.outputs, call.stage1_quant
+                                                                  sort.outputs
+_moe_sorting_impl  4     moe_sort_mx_quant   one_launch_sort      call.hidden_states, call.quant_dtype,       sort.outputs, sort.addend_written,
+                                                                  call.stage1_quant, sort.addend_offer,       call.stage1_quant
+                                                                  sort.outputs
+_moe_sorting_impl  --    AITER's sort        (if no outputs yet)
+_moe_sorting_impl  5     sort_extension      after_sort           sort.extensions, sort.sort_call,
+                                                                  sort.outputs
+_moe_sorting_impl  6     moe_addend_fold     start_from_addend    call.addend, sort.folding, sort.outputs,    call.moe_buf, call.addend_state
+                                                                  sort.addend_written
+mx quant helpers   1     (pipeline)          hand_back            call.stage1_quant                           the quant's ``consumed``
+=================  ====  ==================  ===================  ==========================================  ==========================================
+
+How they combine (the only interactions; a feature that is not applied skips its steps):
+
+- The sort's outputs come from the first producer: an extension (innermost scope
+  first, step 3), else the one-launch sort (step 4), else AITER. Whoever produced
+  them, extensions' ``after_sort`` runs next (step 5), then the addend fold (6).
+- The addend goes into ``moe_buf`` in the one-launch sort's own launch only when no
+  active extension has ``after_sort`` work (it may produce the addend); otherwise,
+  and after an extension's or AITER's sort, it is copied in at step 6.
+- The stage-1 MX quant is made at most once per call, by an extension's sixth item
+  or by the one-launch sort (when predicted, and none was made), and handed back to
+  the one helper call it matches, counted as a hit (or a fallback) of its producer.
+- None of the features changes bits: with any subset applied the output is
+  AITER's, with ``moe_buf`` started from the addend where the fold says so
+  (tests/patches/test_moe_pipeline.py runs all eight subsets).
+
+How the registry's per-patch layers map onto one wrapper: each feature's target
+factory builds the pipeline wrapper for the features applied at and below its own
+layer (the registry composes layers innermost first); the wrapper calls AITER's
+function directly, while ``__wrapped__`` still names the layer below, so status,
+revert by identity and every check that walks the chain see one layer per patch.
+Reverting a feature rebuilds or reuses wrappers as the registry does for any
+chain; a stale wrapper (a reference revert cannot rebind) notices that a feature
+below it was disarmed (its code swapped for the registry's pass-through) and
+skips that feature's steps, as the chained wrappers did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
+
+from . import moe_call, pins
+from .moe_call import MoeCall, joined_or_new, like, scope
+
+FUSED_MOE = "fused_moe"
+SORT = "_moe_sorting_impl"
+MXFP4_QUANT = "fused_dynamic_mxfp4_quant_moe_sort"
+MXFP8_QUANT = "fused_dynamic_mxfp8_quant_moe_sort"
+MODULE = "aiter.fused_moe"
+_QUANT_KIND = {MXFP4_QUANT: "fp4", MXFP8_QUANT: "fp8"}
+_PINS = {FUSED_MOE: pins.FUSED_MOE, SORT: pins.MOE_SORTING_IMPL,
+         MXFP4_QUANT: pins.MXFP4_QUANT_MOE_SORT, MXFP8_QUANT: pins.MXFP8_QUANT_MOE_SORT}
+
+# The steps of each wrapped target, in order: (feature name, method), "AITER" where AITER's function runs.
+AITER = "AITER"
+STEPS: dict[str, tuple] = {
+    FUSED_MOE: (
+        ("moe_addend_fold", "take_addend"),
+        ("moe_sort_mx_quant", "predict_quant"),
+        AITER,
+        ("moe_sort_mx_quant", "count_unreached"),
+        ("moe_addend_fold", "add_or_count"),
+    ),
+    SORT: (
+        ("sort_extension", "find_extensions"),
+        ("moe_addend_fold", "decide_fold"),
+        ("sort_extension", "offer_sort"),
+        ("moe_sort_mx_quant", "one_launch_sort"),
+        AITER,
+        ("sort_extension", "after_sort"),
+        ("moe_addend_fold", "start_from_addend"),
+    ),
+}
+ALWAYS_READABLE = frozenset({"arguments", "problems", "bind"})
+
+
+class UndeclaredField(AttributeError):
+    """A feature read or wrote a field of the plan or step that it does not declare."""
+
+
+class Feature:
+    """A MoE feature: one registry patch whose targets are served by the pipeline's wrappers.
+
+    ``reads``/``writes``: ``"call.<field>"`` (the plan), ``"fused_moe.<field>"`` /
+    ``"sort.<field>"`` (the step). ``keywords``: extra ``fused_moe`` keywords it takes;
+    a feature with keywords engages on ``fused_moe`` only when one is given (not None),
+    the others on every call. Its steps are the methods :data:`STEPS` names,
+    ``method(site, call, step)``; ``call`` is None for a sort outside ``fused_moe``.
+    """
+
+    name: str = ""
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+    keywords: tuple[str, ...] = ()
+
+    def refuse(self, site, problem: str) -> None:
+        """``fused_moe``'s arguments do not fit the pin: AITER gets the call, counted (or raise)."""
+        site.counters.fallback(f"fused_moe: {problem}")
+
+
+FEATURES: dict[str, Feature] = {}
+
+
+def feature(f: Feature) -> Feature:
+    """Register a feature (its module's import does)."""
+    FEATURES[f.name] = f
+    return f
+
+
+# ---------------------------------------------------------------- the step objects
+
+class FusedMoeStep:
+    """One ``fused_moe`` call: its bound arguments, the extra keywords taken off, AITER's output."""
+
+    __slots__ = ("arguments", "problems", "keywords", "output")
+    FIELDS = frozenset({"keywords", "output"})
+    PREFIX = "fused_moe"
+
+    def __init__(self, arguments: dict, keywords: dict):
+        self.arguments, self.problems, self.keywords, self.output = arguments, (), keywords, None
+
+
+class SortStep:
+    """One ``_moe_sorting_impl`` call. Its arguments are bound at the first step that reads them
+    (binding costs microseconds; a call no step looks at is not bound). The step fields' defaults
+    are class attributes: a call sets only what its steps write."""
+
+    FIELDS = frozenset({"extensions", "sort_call", "outputs", "folding", "addend_offer", "addend_written"})
+    PREFIX = "sort"
+    extensions: tuple = ()
+    sort_call = None
+    outputs = None
+    folding = False
+    addend_offer = None  # the addend, when the one-launch sort may write it as moe_buf's fill
+    addend_written = False
+    _bound = None
+
+    def __init__(self, binder, args: tuple, kwargs: dict):
+        self._binder, self._args, self._kwargs = binder, args, kwargs
+
+    def bind(self) -> tuple[dict, list]:
+        """``(arguments, problems)``: the call's arguments by name, and what the pin does not explain."""
+        if self._bound is None:
+            self._bound = self._binder.bind(self._args, self._kwargs)
+        return self._bound
+
+
+# ---------------------------------------------------------------- declared access
+
+_CHECKING = [False]
+
+
+@contextlib.contextmanager
+def checking(on: bool = True) -> Iterator[None]:
+    """Run every feature step against its declarations (tests): an undeclared field raises."""
+    before, _CHECKING[0] = _CHECKING[0], on
+    try:
+        yield
+    finally:
+        _CHECKING[0] = before
+
+
+class _Checked:
+    __slots__ = ("_obj", "_feature", "_prefix")
+
+    def __init__(self, obj, feature: Feature, prefix: str):
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_feature", feature)
+        object.__setattr__(self, "_prefix", prefix)
+
+    def __getattr__(self, name: str):
+        key = f"{self._prefix}.{name}"
+        f = self._feature
+        if name not in ALWAYS_READABLE and key not in f.reads and key not in f.writes:
+            raise UndeclaredField(f"feature '{f.name}' reads {key}, which it does not declare")
+        return getattr(self._obj, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        key = f"{self._prefix}.{name}"
+        if key not in self._feature.writes:
+            raise UndeclaredField(f"feature '{self._feature.name}' writes {key}, which it does not declare")
+        setattr(self._obj, name, value)
+
+
+def _tracing() -> bool:
+    """Under torch.compile's tracing the checking proxy is not traced (Dynamo cannot follow ``__getattr__``)."""
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
+def _checked_step(f: Feature, method: str, site) -> Callable[[Any, Any], None]:
+    fn = getattr(f, method)
+
+    def run(call, step):
+        if _tracing():
+            fn(site, call, step)
+        else:
+            fn(site, None if call is None else _Checked(call, f, "call"), _Checked(step, f, step.PREFIX))
+
+    return run
+
+
+class _Stages:
+    """The steps of one target for one set of engaged features, resolved to callables ``(call, step)``."""
+
+    __slots__ = ("plain", "checked", "refusals", "sites")
+
+    def __init__(self, kind: str, layers: tuple):
+        sites = {name: site for name, site in layers}
+        self.sites = tuple(sites.values())
+        plain: tuple[list, list] = ([], [])
+        checked: tuple[list, list] = ([], [])
+        half = 0
+        for step in STEPS.get(kind, ()):
+            if step == AITER:
+                half = 1
+                continue
+            name, method = step
+            if name in sites:
+                plain[half].append(functools.partial(getattr(FEATURES[name], method), sites[name]))
+                checked[half].append(_checked_step(FEATURES[name], method, sites[name]))
+        self.plain = (tuple(plain[0]), tuple(plain[1]))
+        self.checked = (tuple(checked[0]), tuple(checked[1]))
+        self.refusals = tuple((FEATURES[n].refuse, s) for n, s in sites.items())
+
+
+
+# ---------------------------------------------------------------- the wrappers
+
+class _Built:
+    """What a pipeline wrapper serves: AITER's function, the features' layers (innermost first), their wrappers."""
+
+    __slots__ = ("kind", "original", "layers", "wrappers")
+
+    def __init__(self, kind, original, layers, wrappers):
+        self.kind, self.original, self.layers, self.wrappers = kind, original, layers, wrappers
+
+
+_MARK = "__aiter_patches_moe_pipeline__"
+
+
+def wrapper(kind: str, name: str) -> Callable:
+    """The registry's wrapper factory for feature ``name`` on target ``kind``."""
+
+    def factory(inner, site):
+        below = getattr(inner, _MARK, None)
+        if isinstance(below, _Built) and below.kind == kind:
+            original, layers, guards = below.original, below.layers + ((name, site),), below.wrappers
+        else:
+            original, layers, guards = inner, ((name, site),), ()
+        fn = _BUILDERS[kind](kind, original, layers, guards)
+        setattr(fn, _MARK, _Built(kind, original, layers, guards + (fn,)))
+        return like(fn, original)
+
+    return factory
+
+
+def _armed(kind: str, layers: tuple, guards: tuple, code, cache: dict) -> Callable[[], Any]:
+    """A function giving the stages of the features still armed (all, unless a stale wrapper is called)."""
+    full = _resolve(kind, layers, cache)
+
+    def armed():
+        for g in guards:
+            if g.__code__ is not code:
+                live = tuple(layer for layer, w in zip(layers, guards) if w.__code__ is code) + layers[len(guards):]
+                return _resolve(kind, live, cache)
+        return full
+
+    return armed
+
+
+def _resolve(kind: str, layers: tuple, cache: dict):
+    key = tuple(n for n, _ in layers)
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = _FusedMoeStages(layers) if kind == FUSED_MOE else _Stages(kind, layers)
+    return got
+
+
+class _FusedMoeStages:
+    """``fused_moe``'s stages per set of extra keywords given: the features with keywords engage only then."""
+
+    __slots__ = ("keywords", "by_given")
+
+    def __init__(self, layers: tuple):
+        self.keywords = tuple(k for n, _ in layers for k in FEATURES[n].keywords)
+        always = tuple((n, s) for n, s in layers if not FEATURES[n].keywords)
+        self.by_given = {}
+        for mask in range(1 << len(self.keywords)):
+            given = tuple(k for i, k in enumerate(self.keywords) if mask >> i & 1)
+            engaged = tuple((n, s) for n, s in layers if n in dict(always) or set(FEATURES[n].keywords) & set(given))
+            self.by_given[given] = _Stages(FUSED_MOE, engaged) if engaged else None
+
+
+def _build_fused_moe(kind, original, layers, guards):
+    binder = layers[-1][1].binder
+    cache: dict = {}
+
+    def fused_moe(*args, **kwargs):
+        stages = armed() if guards else full
+        given = {}
+        for k in stages.keywords:
+            v = kwargs.pop(k, None)
+            if v is not None:
+                given[k] = v
+        engaged = stages.by_given[tuple(given)]
+        if engaged is None:
+            return original(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        if problems:
+            for refuse, site in engaged.refusals:
+                refuse(site, problems[0])
+            return original(*args, **kwargs)
+        call, new = joined_or_new(bound)
+        step = FusedMoeStep(bound, given)
+        before, after = engaged.checked if _CHECKING[0] else engaged.plain
+        for run in before:
+            run(call, step)
+        if new:
+            with scope(call):
+                step.output = original(*args, **kwargs)
+        else:
+            step.output = original(*args, **kwargs)
+        for run in after:
+            run(call, step)
+        return step.output
+
+    armed = _armed(kind, layers, guards, fused_moe.__code__, cache)
+    full = armed()
+    return fused_moe
+
+
+def _build_sort(kind, original, layers, guards):
+    binder = layers[-1][1].binder
+    cache: dict = {}
+
+    def _moe_sorting_impl(*args, **kwargs):
+        stages = armed() if guards else full
+        call = current()
+        if call is not None:
+            call.sort_reached = True
+        step = SortStep(binder, args, kwargs)
+        before, after = stages.checked if _CHECKING[0] else stages.plain
+        for run in before:
+            run(call, step)
+        if step.outputs is None:
+            step.outputs = original(*args, **kwargs)
+        for run in after:
+            run(call, step)
+        return step.outputs
+
+    armed = _armed(kind, layers, guards, _moe_sorting_impl.__code__, cache)
+    full = armed()
+    current = moe_call._CALL.get
+    return _moe_sorting_impl
+
+
+def _build_quant_helper(kind, original, layers, guards):
+    """Hand back the stage-1 quant made at sort time, for exactly the call it was made for."""
+    binder = layers[-1][1].binder
+    quant = _QUANT_KIND[kind]
+    cache: dict = {}
+
+    def quant_moe_sort(*args, **kwargs):
+        call = moe_call.current()
+        q = call.stage1_quant if call is not None else None
+        if q is None or q.consumed:
+            return original(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        reason = problems[0] if problems else moe_call.quant_mismatch(q, bound, quant)
+        counters = q.counters or armed().sites[-1].counters
+        if reason is None:
+            q.consumed = True
+            counters.hit()
+            return q.data, q.scale
+        if reason != moe_call.NOT_STAGE1:
+            counters.fallback(f"stage-1 quant not taken from the sort: {reason}")
+        return original(*args, **kwargs)
+
+    armed = _armed(kind, layers, guards, quant_moe_sort.__code__, cache)
+    return quant_moe_sort
+
+
+_BUILDERS = {FUSED_MOE: _build_fused_moe, SORT: _build_sort,
+             MXFP4_QUANT: _build_quant_helper, MXFP8_QUANT: _build_quant_helper}
+
+
+def target(kind: str, name: str, why: str):
+    """The registry :class:`Target` of feature ``name`` on AITER's ``kind``, served by the pipeline."""
+    from ..declarations import Target
+
+    return Target(MODULE, kind, _PINS[kind], wrapper(kind, name), why)
+
+
+def stage1_quant_targets(name: str, producer: str) -> tuple:
+    """The two MX quant-sort helpers ``fused_moe_2stages`` looks up in ``aiter.fused_moe``'s globals,
+    as targets that hand back a stage-1 quant made by ``producer`` (the sort, or an extension)."""
+    return tuple(
+        target(kind, name, f"Looked up in aiter.fused_moe's globals by fused_moe_2stages: returns {producer}'s "
+                           f"MX{_QUANT_KIND[kind].upper()} stage-1 quant.")
+        for kind in (MXFP4_QUANT, MXFP8_QUANT)
+    )
+
+
+def plan_fields() -> dict[str, frozenset]:
+    """Every field a feature may declare, by prefix."""
+    return {"call": moe_call.PLAN_FIELDS, FusedMoeStep.PREFIX: FusedMoeStep.FIELDS, SortStep.PREFIX: SortStep.FIELDS}
+
+
+__all__ = ["Feature", "FEATURES", "STEPS", "MoeCall", "UndeclaredField", "checking", "feature", "target",
+           "stage1_quant_targets", "wrapper"]

@@ -1,0 +1,27 @@
+"""The per-process reports read the registry through its public functions only (no lock, no private table)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import aiter_patches
+
+ROOT = Path(aiter_patches.__file__).parent
+
+
+def private_registry_reads(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return sorted({f"registry.{n.attr}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                   and isinstance(n.value, ast.Name) and n.value.id == "registry" and n.attr.startswith("_")})
+
+
+@pytest.mark.parametrize("module", ["process_report.py", "stats_log.py", "verify.py", "drift.py", "cli.py"])
+def test_reads_no_private_of_the_registry(module):
+    assert private_registry_reads(ROOT / module) == []
+
+
+def test_the_scan_sees_a_private_read(tmp_path):
+    src = tmp_path / "reader.py"
+    src.write_text("from aiter_patches import registry\nwith registry._lock:\n    registry.status()\n", encoding="utf-8")
+    assert private_registry_reads(src) == ["registry._lock"]
