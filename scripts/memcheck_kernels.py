@@ -2,7 +2,8 @@
 
 Bad expert ids (negative, >= the expert count), num_local_tokens beyond capacity,
 zero tokens, odd widths, every split count: none may touch memory outside its
-buffers. Run on a GPU:
+buffers. Every case runs twice: the second call of a shape takes its per-shape plan and
+the prepared direct launch (kernels/fast_launch.py). Run on a GPU:
 
     compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/memcheck_kernels.py
 """
@@ -56,6 +57,7 @@ def gemm_cases(dev):
 
 if __name__ == "__main__":
     dev = torch.device("cuda")
-    sort_cases(dev)
-    gemm_cases(dev)
+    for _ in ("first calls", "plan hits"):
+        sort_cases(dev)
+        gemm_cases(dev)
     print("memcheck cases done")
