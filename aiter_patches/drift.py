@@ -50,6 +50,21 @@ def source_hash(lines: Sequence[str]) -> str:
 # ---------------------------------------------------------------- reading files
 
 
+def assigned_version(tree: ast.Module) -> str | None:
+    """The string a module assigns to ``__version__`` or ``version`` at its top level, if any."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets
+        ):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            if isinstance(value, str):
+                return value
+    return None
+
+
 class SourceTree:
     """The files of one AITER source, addressed by POSIX paths relative to the directory holding ``aiter/``."""
 
@@ -84,17 +99,7 @@ class SourceTree:
             tree = ast.parse(self.read("aiter/_version.py"))
         except SyntaxError:
             return None
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets
-            ):
-                try:
-                    value = ast.literal_eval(node.value)
-                except ValueError:
-                    continue
-                if isinstance(value, str):
-                    return value
-        return None
+        return assigned_version(tree)
 
     def module(self, name: str) -> _Module | None:
         """The parsed module ``name`` (``aiter.fused_moe`` -> ``aiter/fused_moe.py`` or its package)."""

@@ -83,15 +83,9 @@ class ServerTree(drift.SourceTree):
             if self.exists(rel):
                 import ast
 
-                for node in ast.parse(self.read(rel)).body:
-                    if isinstance(node, ast.Assign) and any(getattr(t, "id", None) in ("__version__", "version")
-                                                            for t in node.targets):
-                        try:
-                            value = ast.literal_eval(node.value)
-                        except ValueError:
-                            continue
-                        if isinstance(value, str):
-                            return value
+                found = drift.assigned_version(ast.parse(self.read(rel)))
+                if found is not None:
+                    return found
         return None
 
 

@@ -596,3 +596,13 @@ def _make_prepared_code(values: list, params: list[int]):
               f"        enter, exit_{', ' if argv else ''}{', '.join(argv)})"]
     exec("\n".join(lines) + "\n", ns)  # noqa: S102 - generated from integer positions only
     return ns["unpack"], ns["go"]
+
+
+def run_prepared(prep: Prepared, current_launch, tensors) -> None:
+    """``prep``'s launch, or, where a kernel module's ``launch`` was replaced (tests replay launches),
+    the same call through that replacement (``current_launch`` is the module's ``launch`` now)."""
+    if current_launch is launch:
+        prep(*tensors)
+    else:
+        args, kwargs = prep.call_args(tensors)
+        current_launch(prep.fn, prep.grid, *args, **kwargs)

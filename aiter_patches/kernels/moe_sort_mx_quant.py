@@ -63,9 +63,8 @@ import triton
 import triton.language as tl
 
 from .. import aiter_contract as contract
-from .fast_launch import Prepared, launch
+from .fast_launch import Prepared, launch, run_prepared
 
-_fast_launch = launch  # _run goes through Prepared while ``launch`` is this one
 
 # One launch while each program's redundant count of all pairs stays short; above it three
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
@@ -744,12 +743,7 @@ _TILES_TENSORS = (0, 1, 2, 3)
 
 
 def _run(prep: Prepared, *tensors) -> None:
-    """The prepared launch; through ``launch`` itself when that was replaced (tests replay launches)."""
-    if launch is _fast_launch:
-        prep(*tensors)
-    else:
-        args, kwargs = prep.call_args(tensors)
-        launch(prep.fn, prep.grid, *args, **kwargs)
+    run_prepared(prep, launch, tensors)
 
 
 def _make_plan(key: tuple) -> _SortPlan:
