@@ -47,6 +47,21 @@ def source_hash(lines: Sequence[str]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def live_source_reason(fn, pin) -> str | None:
+    """The apply-time gate of a relied-on function: None when the live ``fn``'s source hashes to
+    ``pin`` (a :class:`SourcePin`: its ``sha256`` or one of ``also``), else why not."""
+    import inspect
+
+    try:
+        lines, _ = inspect.getsourcelines(fn)
+    except (OSError, TypeError) as exc:
+        return f"cannot read its source to check the relied-on hash: {exc}"
+    found = source_hash(lines)
+    if found != pin.sha256 and found not in pin.also:
+        return f"source changed (hash {found[:12]} != pinned {pin.sha256[:12]}, {pin.source}): re-read it"
+    return None
+
+
 # ---------------------------------------------------------------- reading files
 
 

@@ -11,10 +11,9 @@ from files, without importing the server.
 from __future__ import annotations
 
 import ast
-import inspect
 from typing import Any, Sequence
 
-from ..drift import source_hash
+from ..drift import live_source_reason, source_hash
 
 
 def reason(target: Any, original: Any, pins: Sequence[Any]) -> str | None:
@@ -23,14 +22,7 @@ def reason(target: Any, original: Any, pins: Sequence[Any]) -> str | None:
     pin = next((p for p in pins if p.qualname == qualname), None)
     if pin is None:
         return None
-    try:
-        lines, _ = inspect.getsourcelines(original)
-    except (OSError, TypeError) as exc:
-        return f"cannot read its source to check the relied-on hash: {exc}"
-    found = source_hash(lines)
-    if found != pin.sha256 and found not in pin.also:
-        return f"source changed (hash {found[:12]} != pinned {pin.sha256[:12]}, {pin.source}): re-read it"
-    return None
+    return live_source_reason(original, pin)
 
 
 def find(tree: ast.Module, qualname: str) -> ast.AST | None:

@@ -29,14 +29,13 @@ changed code could lose something SGLang added).
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import sys
 import types
 from typing import Any
 
 from .. import foreign_layers
-from ..drift import source_hash
+from ..drift import live_source_reason, source_hash
 from ..declarations import APPLIED, PENDING, Patch, Target
 from . import moe_call, pins, relied_on
 
@@ -96,15 +95,7 @@ def _source_reason(target: Target, original: Any) -> str | None:
     """Apply-time gate: the source of SGLang's function hashes to the relied-on pin."""
     fn = getattr(original, "__wrapped__", original)  # under functools.cache
     pin = relied_on.SGLANG_APPLY_SMALL_MOE_SORT_PATCH
-    try:
-        lines, _ = inspect.getsourcelines(fn)
-    except (OSError, TypeError) as exc:
-        return f"cannot read its source to check the relied-on hash: {exc}"
-    found = source_hash(lines)
-    if found != pin.sha256 and found not in pin.also:
-        return (f"source changed (hash {found[:12]} != pinned {pin.sha256[:12]}, {pin.source}): "
-                "re-read it before silencing it")
-    return None
+    return live_source_reason(fn, pin)
 
 
 def _producer_state() -> str:
