@@ -173,12 +173,7 @@ def for_patch(name: str) -> list[Layer]:
     """Foreign layers on the targets of one applied patch."""
     from . import registry
 
-    out: list[Layer] = []
-    with registry._lock:
-        chains = [c for c in registry._chains.values() if any(l.patch.name == name for l in c.layers)]
-        for chain in chains:
-            out.extend(scan_chain(chain))
-    return _unique(out)
+    return _unique(registry.visit_chains(name, scan_chain))
 
 
 def records(name: str) -> list[dict[str, Any]]:

@@ -712,6 +712,17 @@ def _record(name: str) -> dict[str, Any]:
     }
 
 
+def visit_chains(name: str, visit: Callable[[Any], list]) -> list:
+    """``visit(chain)`` for each binding chain that holds a layer of patch ``name``, concatenated; run
+    under the registry lock, the one place another module may walk the chains (foreign_layers reads
+    the bindings over and under our layers there)."""
+    out: list = []
+    with _lock:
+        for chain in [c for c in _chains.values() if any(layer.patch.name == name for layer in c.layers)]:
+            out.extend(visit(chain))
+    return out
+
+
 def status() -> dict[str, Any]:
     """Machine-readable state of every registered patch, and which AITER is loaded."""
     all_patches = patches()

@@ -21,6 +21,12 @@ def test_reads_no_private_of_the_registry(module):
     assert private_registry_reads(ROOT / module) == []
 
 
+def test_no_module_of_the_package_reads_a_registry_private():
+    offenders = {str(p.relative_to(ROOT)): private_registry_reads(p) for p in sorted(ROOT.rglob("*.py"))
+                 if p.name != "registry.py"}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
 def test_the_scan_sees_a_private_read(tmp_path):
     src = tmp_path / "reader.py"
     src.write_text("from aiter_patches import registry\nwith registry._lock:\n    registry.status()\n", encoding="utf-8")
