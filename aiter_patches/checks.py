@@ -1,10 +1,9 @@
-"""The MoE patches' equivalence checks `aiter-patches verify` runs, against AITER on this machine.
+"""What the MoE features' equivalence checks share: inputs and comparisons.
 
-One module for the three MoE features (sort + MX quant, addend fold,
-SortExtension) because their checks share inputs (routing, the stand-in's
-``fused_moe`` weights) and comparisons (the sort's defined region, the masked
-MX bytes); each patch names its check in ``Patch.check``. A patch with nothing
-to share keeps its check in its own module (``patches/gemm_out_zeroed.py``).
+Each MoE patch keeps its ``check`` beside it (``patches/moe_sort_mx_quant.py``,
+``moe_addend_fold.py``, ``sort_extension.py``); they share the routing, the
+stand-in's ``fused_moe`` weights, the sort's defined region and the masked MX
+bytes, which live here once.
 
 A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort
 helpers, ``fused_moe`` on the stand-in) with the patch
@@ -21,18 +20,18 @@ import torch
 
 from . import registry
 from .patches import moe_call
-from .verify import CheckResult, suspended
+from .verify import suspended
 
 
-def _aiter():
+def aiter_modules():
     return sys.modules["aiter"], sys.modules["aiter.fused_moe"]
 
 
-def _is_stand_in() -> bool:
+def is_stand_in() -> bool:
     return bool(getattr(sys.modules.get("aiter"), "IS_AITER_PATCHES_STAND_IN", False))
 
 
-def _routing(M: int, E: int, topk: int, device, seed: int = 0):
+def routing(M: int, E: int, topk: int, device, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.rand(M, E, generator=g).argsort(dim=1)[:, :topk].to(torch.int32)
     w = torch.rand(M, topk, generator=g).softmax(dim=1).to(torch.float32)
@@ -40,11 +39,11 @@ def _routing(M: int, E: int, topk: int, device, seed: int = 0):
     return ids.to(device), w.to(device)
 
 
-def _fast_hits(name: str) -> int:
+def fast_hits(name: str) -> int:
     return registry.stats()[name]["fast"]
 
 
-def _sort_and_quant(fm, ids, w, E, x, block, quant_dtype, *, addend=None):
+def sort_and_quant(fm, ids, w, E, x, block, quant_dtype, *, addend=None):
     """moe_sorting (+ the stage-1 quant helper) as fused_moe_2stages calls them, inside one MoeCall."""
     call = moe_call.MoeCall(hidden_states=x, quant_dtype=quant_dtype)
     if addend is not None:
@@ -58,7 +57,7 @@ def _sort_and_quant(fm, ids, w, E, x, block, quant_dtype, *, addend=None):
     return sorted_ids, sorted_w, sorted_e, nv, buf, data, scale
 
 
-def _compare_sort_quant(a, b, block: int) -> list[str]:
+def compare_sort_quant(a, b, block: int) -> list[str]:
     """Sort outputs over the defined region, and moe_buf rows below the token count."""
     bad = []
     names = ["sorted_ids", "sorted_weights", "sorted_expert_ids", "num_valid_ids", "moe_buf", "data", "scale"]
@@ -73,7 +72,7 @@ def _compare_sort_quant(a, b, block: int) -> list[str]:
     return bad
 
 
-def _masked_quant_equal(x, res_a, res_b, quant_dtype, topk: int) -> list[str]:
+def masked_quant_equal(x, res_a, res_b, quant_dtype, topk: int) -> list[str]:
     """Compare data rows and scale bytes over the positions AITER defines (reference masks)."""
     from .reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
 
@@ -92,40 +91,11 @@ def _masked_quant_equal(x, res_a, res_b, quant_dtype, topk: int) -> list[str]:
     return bad
 
 
-def check_sort_mx_quant(device) -> CheckResult:
-    aiter, fm = _aiter()
-    M, E, topk, dim, block = 7, 16, 4, 256, 32
-    ids, w = _routing(M, E, topk, device)
-    x = (torch.randn(M, dim, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16).to(device)
-    problems, checked, unavailable = [], [], []
-    for qd in (aiter.dtypes.fp4x2, aiter.dtypes.fp8):
-        with suspended():
-            try:
-                original = _sort_and_quant(fm, ids, w, E, x, block, qd)
-            except Exception as exc:  # this GPU's AITER has no such quant (MXFP8/MXFP4 on gfx942, say)
-                unavailable.append(f"{qd} n/a here ({type(exc).__name__})")
-                continue
-        before = _fast_hits("moe_sort_mx_quant")
-        patched = _sort_and_quant(fm, ids, w, E, x, block, qd)
-        if _fast_hits("moe_sort_mx_quant") < before + 2:
-            problems.append(f"{qd}: fast path not taken ({registry.stats()['moe_sort_mx_quant']['fallback']})")
-        problems += [f"{qd}: {p}" for p in _compare_sort_quant(patched, original, block)]
-        problems += [f"{qd}: {p}" for p in _masked_quant_equal(x, patched, original, qd, topk)]
-        checked.append(str(qd).replace("torch.", ""))
-    if not checked:
-        problems.append("AITER quantizes to neither MXFP4 nor MXFP8 here: nothing to compare")
-    if _is_stand_in():
-        problems += _whole_fused_moe_bitwise(device)
-    ok = not problems
-    detail = f"sort, moe_buf, MX data and scales equal ({', '.join(checked)})" if ok else "; ".join(problems)
-    return CheckResult("bitwise", ok, "; ".join([detail, *unavailable]))
-
-
-def _stand_in_moe_inputs(device, M=5, E=8, topk=2, dim=256, inter=128, quant="fp4", seed=3):
+def stand_in_moe_inputs(device, M=5, E=8, topk=2, dim=256, inter=128, quant="fp4", seed=3):
     """Inputs for the stand-in's fused_moe: MXFP4 (or bf16) weights with unshuffled e8m0 scales."""
-    aiter, fm = _aiter()
+    aiter, fm = aiter_modules()
     g = torch.Generator().manual_seed(seed)
-    ids, w = _routing(M, E, topk, device, seed)
+    ids, w = routing(M, E, topk, device, seed)
     x = torch.randn(M, dim, generator=g).to(torch.bfloat16).to(device)
     if quant == "bf16":
         w1 = (torch.randn(E, 2 * inter, dim, generator=g) / dim**0.5).to(torch.bfloat16).to(device)
@@ -147,67 +117,13 @@ def _stand_in_moe_inputs(device, M=5, E=8, topk=2, dim=256, inter=128, quant="fp
     )
 
 
-def _whole_fused_moe_bitwise(device) -> list[str]:
-    _, fm = _aiter()
-    args = _stand_in_moe_inputs(device)
-    before = _fast_hits("moe_sort_mx_quant")
+def whole_fused_moe_bitwise(device) -> list[str]:
+    _, fm = aiter_modules()
+    args = stand_in_moe_inputs(device)
+    before = fast_hits("moe_sort_mx_quant")
     patched = fm.fused_moe(**args)
-    if _fast_hits("moe_sort_mx_quant") < before + 2:
+    if fast_hits("moe_sort_mx_quant") < before + 2:
         return ["fused_moe: fast path not taken"]
     with suspended():
         original = fm.fused_moe(**args)
     return [] if torch.equal(patched.view(torch.int16), original.view(torch.int16)) else ["fused_moe output differs"]
-
-
-def check_addend_fold(device) -> CheckResult:
-    aiter, fm = _aiter()
-    problems = []
-    M, E, topk, dim, block = 6, 16, 4, 256, 32
-    ids, w = _routing(M, E, topk, device)
-    addend = torch.randn(M, dim, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(device)
-    call = moe_call.MoeCall(hidden_states=None)
-    call.addend = addend
-    before = _fast_hits("moe_addend_fold")
-    with moe_call.scope(call):
-        out = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
-    T = int(out[3][1])
-    if call.addend_state != moe_call.FOLDED or not torch.equal(out[4][:T], addend[:T]):
-        problems.append(f"moe_buf does not start from the addend (state {call.addend_state})")
-    if _is_stand_in():
-        args = _stand_in_moe_inputs(device, quant="bf16")
-        add = torch.randn(args["topk_ids"].shape[0], args["w2"].shape[1],
-                          generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(device)
-        folded = fm.fused_moe(**args, moe_addend=add)
-        if _fast_hits("moe_addend_fold") <= before:
-            problems.append(f"fold not taken ({registry.stats()['moe_addend_fold']['fallback']})")
-        with suspended():
-            plain = fm.fused_moe(**args) + add
-        err = ((folded.float() - plain.float()).norm() / plain.float().norm().clamp_min(1e-6)).item()
-        if err > 1e-2:
-            problems.append(f"relative error (2-norm) {err:.3g} > 1e-2")
-    ok = not problems
-    return CheckResult("bound: 2-norm rel. error <= 1e-2 vs fused_moe + addend", ok,
-                       "moe_buf starts from the addend; result within bound" if ok else "; ".join(problems))
-
-
-def check_sort_extension(device) -> CheckResult:
-    from .extensions import PrecomputedSort
-    from .patches.sort_extension import sort_extension
-
-    _, fm = _aiter()
-    M, E, topk, dim, block = 9, 16, 4, 128, 32
-    ids, w = _routing(M, E, topk, device)
-    with suspended():
-        original = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
-    ext = PrecomputedSort(ids, original)
-    with sort_extension(ext):
-        taken = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
-    problems = []
-    if ext.used != 1 or any(a is not b for a, b in zip(taken, original)):
-        problems.append("the extension's outputs were not the ones returned")
-    plain = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
-    nv = int(original[3][0])
-    if not (torch.equal(plain[0][:nv], original[0][:nv]) and torch.equal(plain[3], original[3])):
-        problems.append("with no extension active the sort differs from AITER's")
-    ok = not problems
-    return CheckResult("bitwise", ok, "extension taken over; no extension: AITER's result" if ok else "; ".join(problems))

@@ -278,7 +278,8 @@ def check(device):
     import torch
 
     from .. import registry
-    from ..checks import CheckResult, _stand_in_moe_inputs
+    from ..checks import stand_in_moe_inputs as _stand_in_moe_inputs
+    from ..declarations import CheckResult
     from ..verify import suspended
 
     kind = "bound: 2-norm rel. error <= 1e-2 vs SGLang's forward_normal"

@@ -130,7 +130,7 @@ def check(device):
 
     import torch
 
-    from ..checks import CheckResult
+    from ..declarations import CheckResult
     from ..reference.blockscale_gemm import shuffle_weight_16x16
     from ..verify import suspended
     from .. import registry

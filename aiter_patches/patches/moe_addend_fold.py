@@ -163,6 +163,45 @@ def fused_moe_with_addend(addend, *args, **kwargs):
 
 
 
+
+def check(device):
+    """`aiter-patches verify`: ``moe_buf`` starts from the addend, and on the stand-in ``fused_moe(moe_addend=)`` is within the fold's bound of ``fused_moe + addend``."""
+    import torch
+
+    from .. import checks as kit, registry
+    from ..verify import CheckResult, suspended
+    from . import moe_call
+
+    _, fm = kit.aiter_modules()
+    problems = []
+    M, E, topk, dim, block = 6, 16, 4, 256, 32
+    ids, w = kit.routing(M, E, topk, device)
+    addend = torch.randn(M, dim, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(device)
+    call = moe_call.MoeCall(hidden_states=None)
+    call.addend = addend
+    before = kit.fast_hits("moe_addend_fold")
+    with moe_call.scope(call):
+        out = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+    T = int(out[3][1])
+    if call.addend_state != moe_call.FOLDED or not torch.equal(out[4][:T], addend[:T]):
+        problems.append(f"moe_buf does not start from the addend (state {call.addend_state})")
+    if kit.is_stand_in():
+        args = kit.stand_in_moe_inputs(device, quant="bf16")
+        add = torch.randn(args["topk_ids"].shape[0], args["w2"].shape[1],
+                          generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(device)
+        folded = fm.fused_moe(**args, moe_addend=add)
+        if kit.fast_hits("moe_addend_fold") <= before:
+            problems.append(f"fold not taken ({registry.stats()['moe_addend_fold']['fallback']})")
+        with suspended():
+            plain = fm.fused_moe(**args) + add
+        err = ((folded.float() - plain.float()).norm() / plain.float().norm().clamp_min(1e-6)).item()
+        if err > 1e-2:
+            problems.append(f"relative error (2-norm) {err:.3g} > 1e-2")
+    ok = not problems
+    return CheckResult("bound: 2-norm rel. error <= 1e-2 vs fused_moe + addend", ok,
+                       "moe_buf starts from the addend; result within bound" if ok else "; ".join(problems))
+
+
 PATCH = Patch(
     name=NAME,
     summary="fused_moe(..., moe_addend=x): the shared-expert output folded into stage 2's accumulation",
@@ -175,5 +214,5 @@ PATCH = Patch(
     kernel_module="aiter_patches.kernels.moe_sort_mx_quant",
     relies_on=relied_on.MOE_ADDEND_FOLD,
     order=10,
-    check="aiter_patches.checks:check_addend_fold",
+    check=check,
 )

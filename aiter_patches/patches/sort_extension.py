@@ -296,6 +296,34 @@ def _hand_quant_to_stage1(ext: SortExtension, out, counters, plan) -> None:
     )
 
 
+
+def check(device):
+    """`aiter-patches verify`: an active extension's outputs are the ones returned; with none active the sort is AITER's."""
+    import torch
+
+    from .. import checks as kit
+    from ..extensions import PrecomputedSort
+    from ..verify import CheckResult, suspended
+
+    _, fm = kit.aiter_modules()
+    M, E, topk, dim, block = 9, 16, 4, 128, 32
+    ids, w = kit.routing(M, E, topk, device)
+    with suspended():
+        original = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+    ext = PrecomputedSort(ids, original)
+    with sort_extension(ext):
+        taken = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+    problems = []
+    if ext.used != 1 or any(a is not b for a, b in zip(taken, original)):
+        problems.append("the extension's outputs were not the ones returned")
+    plain = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+    nv = int(original[3][0])
+    if not (torch.equal(plain[0][:nv], original[0][:nv]) and torch.equal(plain[3], original[3])):
+        problems.append("with no extension active the sort differs from AITER's")
+    ok = not problems
+    return CheckResult("bitwise", ok, "extension taken over; no extension: AITER's result" if ok else "; ".join(problems))
+
+
 PATCH = Patch(
     name=NAME,
     summary="SortExtension hook: scoped, model-agnostic extensions offered each MoE sort call",
@@ -308,5 +336,5 @@ PATCH = Patch(
     kernel_module=None,
     relies_on=relied_on.SORT_EXTENSION,
     order=20,
-    check="aiter_patches.checks:check_sort_extension",
+    check=check,
 )
