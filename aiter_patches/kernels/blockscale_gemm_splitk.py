@@ -291,7 +291,8 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
         return out
     if workspace_bytes(M, N, splits) <= MAX_WORKSPACE_BYTES:  # one launch: its prepared plan
         key = (M, N, K, splits, bool(b_preshuffled), bool(zero_out), A.stride(0), out.stride(0),
-               A_scale.stride(0), A_scale.stride(1), B_scale.stride(0), B_scale.stride(1), id(_blockscale_gemm_kernel))
+               A_scale.stride(0), A_scale.stride(1), B_scale.stride(0), B_scale.stride(1), id(_blockscale_gemm_kernel),
+               id(block_config))  # the tile choice is replaceable (bench_blockscale_gemm.py --tune swaps it)
         plan = _plans.get(key)
         if plan is None:
             plan = _make_plan(key)
@@ -344,6 +345,7 @@ class _GemmPlan(NamedTuple):
     counters: int
     launch: Prepared
     kernel: object  # the kernel the key names by id, kept alive so the id is not reused
+    config: object  # likewise the block_config function the key names
 
 
 def _run(prep: Prepared, *tensors) -> None:
@@ -351,7 +353,7 @@ def _run(prep: Prepared, *tensors) -> None:
 
 
 def _make_plan(key: tuple) -> _GemmPlan:
-    M, N, K, splits, b_preshuffled, zero_out, s_am, s_om, s_asm, s_ask, s_bsn, s_bsk, _ = key
+    M, N, K, splits, b_preshuffled, zero_out, s_am, s_om, s_asm, s_ask, s_bsn, s_bsk, _, _ = key
     cfg = block_config(M)
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     args = (None,) * 7 + (M, N, K // SCALE_BLOCK, k_tiles_per_split(K, splits), M * N,
@@ -360,4 +362,4 @@ def _make_plan(key: tuple) -> _GemmPlan:
         SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
         B_PRESHUFFLED=b_preshuffled, ACCUMULATE=bool(splits > 1 or not zero_out),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-    return _GemmPlan(splits * M * N, -(-M // block_m) * (N // block_n), prep, _blockscale_gemm_kernel)
+    return _GemmPlan(splits * M * N, -(-M // block_m) * (N // block_n), prep, _blockscale_gemm_kernel, block_config)

@@ -276,7 +276,9 @@ def wrapper(kind: str, name: str) -> Callable:
 
     def factory(inner, site):
         below = getattr(inner, _MARK, None)
-        if isinstance(below, _Built) and below.kind == kind:
+        # trusted only on our own wrapper itself: functools.wraps copies __dict__, so a foreign wrapper
+        # over ours carries the mark too, and building past it would drop that wrapper from the chain
+        if isinstance(below, _Built) and below.kind == kind and below.wrappers[-1] is inner:
             original, layers, guards = below.original, below.layers + ((name, site),), below.wrappers
         else:
             original, layers, guards = inner, ((name, site),), ()

@@ -229,6 +229,19 @@ def test_gemm_plan_hits_launch_what_triton_launches(fake, M, splits, zero_out):
     assert len(gemm._plans) == 2
 
 
+def test_gemm_a_replaced_block_config_misses(fake, monkeypatch):
+    """bench_blockscale_gemm.py --tune swaps block_config per candidate: each must launch its own tiles."""
+    A, B, out, a_s, b_s = gemm_operands(16, 256, 1024)
+    launched = []
+    for bn in (64, 128):
+        cfg = dict(BLOCK_M=16, BLOCK_N=bn, num_warps=4, num_stages=1)
+        monkeypatch.setattr(gemm, "block_config", lambda m, cfg=cfg: cfg)
+        ordinary, direct = three_ways(fake, lambda: gemm.blockscale_gemm_splitk(A, B, out, a_s, b_s, splits=2,
+                                                                              zero_out=True))
+        launched.append({d.grid for d in direct})
+    assert launched[0] != launched[1], launched
+
+
 def test_gemm_over_the_workspace_limit_takes_row_blocks_unplanned(fake, monkeypatch):
     M, N, K = 300, 256, 1024  # 128-row blocks: 128 + 128 + 44
     monkeypatch.setattr(gemm, "MAX_WORKSPACE_BYTES", gemm.workspace_bytes(128, N, 2))

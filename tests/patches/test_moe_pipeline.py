@@ -206,3 +206,25 @@ def test_disabling_one_feature_leaves_the_others_on_the_shared_wrappers(stub, de
     assert same_bits(fused_moe_with_addend(addend, **args), expected)
     assert stats()[SORT]["fast"] == 2 and stats()[FOLD] == ZERO
     assert [getattr(fm.fused_moe, "__aiter_patches__", None), fm.fused_moe.__wrapped__.__aiter_patches__] == [EXT, SORT]
+
+
+def test_a_foreign_wrapper_over_the_pipeline_stays_in_the_chain_after_reapply(stub, device):
+    """A server's functools.wraps wrapper over our fused_moe copies our mark with __dict__: a later
+    apply() must build over that wrapper, not past it to AITER's function."""
+    import functools
+
+    fm = stub.fused_moe
+    args = moe_inputs(stub, device, M, E, TOPK, DIM, INTER, "bf16")
+    aiter_patches.apply(["moe_sort_mx_quant"])
+    ours, calls = fm.fused_moe, []
+
+    @functools.wraps(ours)
+    def third_party(*a, **k):  # a tracing or profiling wrapper
+        calls.append(1)
+        return ours(*a, **k)
+
+    fm.fused_moe = third_party
+    registry.revert()
+    aiter_patches.apply(["moe_addend_fold"])
+    fm.fused_moe(**args)
+    assert calls, "the third party's wrapper was dropped from the chain"
