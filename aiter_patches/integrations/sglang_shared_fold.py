@@ -149,8 +149,10 @@ def blocker(layer, g: dict, skip_shared_experts: bool, return_moe_output: bool, 
     if post_scale:
         return "routed_scaling_factor is applied to the routed output after the MoE call: folding would scale " \
                "the shared output too"
-    if type(quant_method).__name__ in FUSED_SCALE_METHODS:
-        return f"{type(quant_method).__name__}: the shared add carries the routed scale (shared.add_(routed, alpha))"
+    # SGLang tests isinstance: a subclass of one of these classes takes the fused branch too
+    fused = next((c.__name__ for c in type(quant_method).__mro__ if c.__name__ in FUSED_SCALE_METHODS), None)
+    if fused is not None:
+        return f"{fused}: the shared add carries the routed scale (shared.add_(routed, alpha))"
     forward = getattr(type(layer.experts), "forward", None)
     piecewise = getattr(forward, "__globals__", {}).get("is_in_tc_piecewise_cuda_graph")
     if callable(piecewise) and piecewise():

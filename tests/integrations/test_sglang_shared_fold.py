@@ -151,6 +151,19 @@ def test_sbo_gate_reason(sglang_tree, stub, device, on):
     assert "SBO" in blocker(layer, vars(sys.modules[MOD]), False, False, False, x)
 
 
+def test_a_subclass_of_a_fused_scale_method_is_not_folded(sglang_tree, stub, device, on):
+    """maybe_fuse_routed_scale_and_shared_add picks its fused branch by isinstance: a subclass counts."""
+    from aiter_patches.integrations.sglang_shared_fold import blocker
+
+    import_all(stub)
+    aiter_patches.apply()
+    Marlin = type("Mxfp4MarlinMoEMethod", (), {})
+    layer, x = make_layer(device)
+    layer.experts.quant_method = type("TunedMarlin", (Marlin,), {})()
+    assert "Mxfp4MarlinMoEMethod: the shared add carries the routed scale" in blocker(
+        layer, vars(sys.modules[MOD]), False, False, False, x)
+
+
 def test_return_moe_output_keeps_the_pieces(sglang_tree, stub, device, on):
     import_all(stub)
     layer, x = make_layer(device)
