@@ -36,7 +36,6 @@ class Outcome:
 def _decode(fn, spec: dict):
     """signature, constexprs, attrs, options of a ``specialization_data`` (preload's decoding)."""
     import triton.language as tl
-    from triton.runtime.jit import _triton_jit_function_registry
 
     def tup(x):
         return tuple(tup(v) for v in x) if isinstance(x, list) else x
@@ -47,7 +46,9 @@ def _decode(fn, spec: dict):
         if isinstance(value, dict):
             if "constexpr" in value:
                 return tl.constexpr(tup(value["constexpr"]))
-            if "jit_function" in value:
+            if "jit_function" in value:  # Triton >= 3.7 only: older ones have no registry (nor such constexprs)
+                from triton.runtime.jit import _triton_jit_function_registry
+
                 return _triton_jit_function_registry[value["jit_function"]]
         return tup(value)
 

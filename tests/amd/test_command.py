@@ -106,3 +106,17 @@ def test_amdgcn_resources_and_verdict():
     assert over.lds_over and any("LDS" in w for w in report.failures(Outcome(("m",), "gfx942", True, 0.1, over)))
     assert resources.parse_amdgcn(AMDGCN, shared=64 * 1024, num_warps=4, arch="gfx950").lds_over is False
     assert report.failures(Outcome(("m",), "gfx942", False, 0.1, None, "boom")) == ["compile error"]
+
+
+def test_decoding_a_variant_needs_no_jit_function_registry(monkeypatch):
+    """Triton 3.6 (a ROCm torch's) has no ``_triton_jit_function_registry``: a variant without a
+    jit-function constexpr must decode there (the import was unconditional and failed every variant)."""
+    import triton.runtime.jit as jit
+
+    from aiter_patches.amd.compile import _decode
+
+    monkeypatch.delattr(jit, "_triton_jit_function_registry", raising=False)
+    spec = {"constant_keys": [[3]], "constant_vals": [{"constexpr": 64}], "attrs_keys": [], "attrs_vals": [],
+            "signature": {"x_ptr": "*fp32", "BLOCK": "constexpr"}, "options": {"num_warps": 4}}
+    signature, constexprs, attrs, options = _decode(None, spec)
+    assert constexprs[(3,)].value == 64 and signature["x_ptr"] == "*fp32" and options == {"num_warps": 4}
