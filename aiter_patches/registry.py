@@ -673,7 +673,10 @@ def live_bindings(name: str) -> dict[str, str]:
                 continue
             for mod_name, attr in sorted(chain.locations):
                 d = import_hooks.module_dict(sys.modules.get(mod_name))
-                held = d.get(attr, _MISSING) if d is not None else _MISSING
+                head, _, rest = attr.partition(".")
+                held = d.get(head, _MISSING) if d is not None else _MISSING
+                if rest and held is not _MISSING:  # a "Class.method" target: the class is in the module's dict
+                    held = _get_dotted(held, rest)
                 out[f"{mod_name}.{attr}"] = ("ours" if held is chain.current else "original" if held is chain.original
                                              else "missing" if held is _MISSING else "foreign")
     return out

@@ -399,3 +399,31 @@ def test_a_bare_directory_named_like_a_servers_package_is_not_that_package_insta
     finally:
         registry.unregister("t_ns")
     assert report["t_ns"]["state"] == "inactive", report["t_ns"]
+
+
+def test_live_bindings_reads_a_class_method_target():
+    """A ``Class.method`` target is reported as what the class holds now, not as missing."""
+    mod = types.ModuleType("aiter_patches_test_class_target")
+
+    class Layer:
+        def forward(self, x):
+            return ("orig", x)
+
+    mod.Layer = Layer
+    sys.modules[mod.__name__] = mod
+    original = Layer.forward
+    p = Patch(name="t_class_method", summary="class-method target",
+              targets=(Target(mod.__name__, "Layer.forward", (Pin("v1", "(self, x)"),), tagging("t_class_method")),))
+    registry.register(p)
+    try:
+        aiter_patches.apply(["t_class_method"])
+        assert Layer().forward(1) == ("t_class_method", ("orig", 1))
+        assert registry.live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "ours"}
+        Layer.forward = foreign_wraps(Layer.forward)
+        assert registry.live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "foreign"}
+        Layer.forward = original
+        assert registry.live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "original"}
+    finally:
+        registry.revert(["t_class_method"])
+        registry.unregister("t_class_method")
+        sys.modules.pop(mod.__name__, None)
