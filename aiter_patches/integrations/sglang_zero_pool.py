@@ -1,0 +1,257 @@
+"""Integration: SGLang 0.5.23's DeepSeek decode GEMMs write into a per-forward zero pool, so split-K asm skips its memset.
+
+SGLang's fp8 block linear (``aiter_w8a8_block_fp8_linear``, ``srt/layers/quantization/
+fp8_utils.py`` ≈1648) calls AITER's tuned dispatcher ``gemm_a8w8_blockscale_bpreshuffle``
+without ``out=`` on gfx950 with ROCm >= 7.2, for every (N, K) outside its Triton list
+(``use_aiter_triton_gemm_w8a8_tuned_gfx950``). Where AITER's tuned CSV then picks the
+asm kernel with a split above one, AITER's launcher memsets the output first: one
+launch per GEMM. For DeepSeek-V3/R1 that is, at decode M on gfx950 (256 CUs), the
+attention-TP-1 ``o_proj`` (N 7168, K 16384: DP attention) and the TP-4 dense MLP
+(README "SGLang": the table, read from AITER's CSVs by ``tests/integrations``).
+
+Two hooks, one scope per forward (a context variable):
+
+- ``DeepseekV2Model.forward``: at or below ``MAX_M`` tokens, allocates the scope's
+  pool with ``torch.zeros`` (the one fill, on the forward's stream, inside the
+  forward, so a CUDA graph captures it with the GEMMs and each replay re-zeroes it)
+  and runs SGLang's forward. The pool's size is what the same model asked for at the
+  same token count before (the first such forward sizes it: its GEMMs keep their
+  memset, counted), capped at ``POOL_CAP_BYTES``.
+- ``gemm_a8w8_blockscale_bpreshuffle`` (AITER's dispatcher, outside
+  ``gemm_dispatch_out_zeroed``'s layer): a call without ``out=`` inside the scope, on
+  its stream and device, with M <= ``MAX_M`` and a shape AITER's tuned config sends to
+  asm with a split above one, gets the next unused slice of the pool as ``out`` and
+  ``out_zeroed=True``. Every slice is handed out once per pool; a pool lives for one
+  forward; nothing else writes it. Everything else runs as shipped, counted.
+
+Lifetime. A GEMM output is an activation: it may live past its layer, and past the
+forward (returned hidden states, PP proxy tensors, spec-decoding captures). A fresh
+pool per forward makes each slice behave as SGLang's own ``torch.empty`` output would:
+an unshared tensor allocated on the forward's stream, whose memory the caching
+allocator does not reuse while any slice of it is alive (a kept slice keeps its
+whole pool: at most ``POOL_CAP_BYTES`` per kept forward). No buffer outlives a
+forward into the next one's zero fill: there is none to outlive.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from ..declarations import APPLIED, Patch, SourcePin, Target
+from ..drift import live_source_reason
+from ..patches import gemm_dispatch_out_zeroed as dispatch
+from ..patches import moe_call
+from ..signatures import Pin
+from . import source_gate
+
+NAME = "sglang_gemm_zero_pool"
+DISPATCH = dispatch.NAME
+MODULE = "sglang.srt.models.deepseek_v2"
+FP8_UTILS = "sglang.srt.layers.quantization.fp8_utils"
+LINEAR = "aiter_w8a8_block_fp8_linear"
+_DS = "sglang 0.5.23 sglang/srt/models/deepseek_v2.py"
+_FP8 = "sglang 0.5.23 sglang/srt/layers/quantization/fp8_utils.py"
+
+MAX_M = 64  # tokens per forward, and rows per GEMM: decode batches
+POOL_CAP_BYTES = 64 << 20  # DeepSeek-V3 attention TP 1 at M 64: 61 o_proj x 64 x 7168 x 2 B = 56 MB
+ALIGN = 128  # elements per slice start (256 bytes)
+
+FORWARD_PINS = (Pin("sglang-0.5.23", "(self, input_ids, positions, forward_batch, input_embeds=None, "
+                                     "pp_proxy_tensors=None)", f"{_DS}:3094"),)
+
+RELIED_ON = (
+    SourcePin(MODULE, "DeepseekV2Model.forward",
+              "b29bfaf597fcfb70cd36ae226cfb4a4db3c6741938a1260b3c1f523552e482f5",
+              "one call runs every decoder layer of a forward on the caller's stream (SGLang allocates its own "
+              "per-forward zeroed BumpAllocators at its start the same way)",
+              f"{_DS}:3094"),
+    SourcePin(FP8_UTILS, LINEAR,
+              "cd5c188cbfcb7b3bdd79ee40b75947db25af9aae7919ce7bade906418b46d5ba",
+              "calls gemm_a8w8_blockscale_bpreshuffle without out= and returns its output (plus bias, .to, .view) "
+              "as the layer's activation: a fresh zeroed slice serves as well as the dispatcher's torch.empty",
+              f"{_FP8}:1648"),
+)
+
+NOT_SIZED = "the pool was not sized for this token count yet (sized from this forward for the next)"
+EXHAUSTED = "the pool is exhausted (its cap, or more GEMMs than this token count had before)"
+NOT_SPLIT = "AITER's tuned config picks no asm split above one here: no memset to save"
+
+
+@dataclass
+class _Scope:
+    pool: Any  # torch.Tensor (bf16, zeroed at entry) or None
+    device: Any
+    stream: Any
+    cursor: int = 0
+    demand: int = 0
+
+
+_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("aiter_patches_sglang_zero_pool", default=None)
+_demand: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # model -> {(device, M): elements}
+_split_cache: dict = {}  # (M, N, K) -> True / the reason it is not an asm split above one
+
+
+def _stream(device) -> Any:
+    import torch
+
+    if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
+        return torch.cuda.current_stream(device)
+    return None
+
+
+def _compiling() -> bool:
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
+def asm_split_reason(M: int, N: int, K: int) -> str | None:
+    """None when AITER's tuned config (its own lookup, host-only, cached) sends (M, N, K) to asm with splitK > 1."""
+    key = (M, N, K)
+    found = _split_cache.get(key)
+    if found is None:
+        mod = sys.modules.get(dispatch.MODULE)
+        try:
+            configs = getattr(mod, "AITER_CONFIGS", None)
+            tuned = configs.AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_FILE if configs is not None else None
+            config = mod.get_CKGEMM_config(M, N, K, tuned)
+            if config is not None and config["libtype"] == "asm" and int(config["splitK"]) > 1:
+                found = True
+            else:
+                found = NOT_SPLIT
+        except Exception as exc:  # another AITER: no prediction, no pool slice (never wrong, at worst the memset)
+            found = f"cannot read AITER's tuned config: {type(exc).__name__}: {exc}"
+        _split_cache[key] = found
+    return None if found is True else found
+
+
+def _forward_wrapper(inner, site):
+    import torch
+
+    binder = site.binder
+    counters = site.counters
+
+    def forward(*args, **kwargs):
+        bound, problems = binder.bind(args, kwargs)
+        if problems:
+            counters.fallback(problems[0])
+            return inner(*args, **kwargs)
+        positions = bound["positions"]
+        tokens = positions.shape[0] if positions.dim() >= 1 else 0
+        if _compiling():
+            counters.fallback("torch.compile is tracing the forward: no pool")
+            return inner(*args, **kwargs)
+        if not 0 < tokens <= MAX_M:
+            counters.fallback(f"{tokens} tokens: outside the pool's bound 1..{MAX_M} (prefill or idle)")
+            return inner(*args, **kwargs)
+        model, device = bound["self"], positions.device
+        key = (str(device), tokens)
+        try:
+            learned = _demand.setdefault(model, {})
+        except TypeError:  # not weak-referenceable: no memory of its demand
+            learned = {}
+        need = min(learned.get(key, 0), POOL_CAP_BYTES // 2)
+        pool = torch.zeros(need, dtype=torch.bfloat16, device=device) if need else None  # the one fill
+        scope = _Scope(pool, device, _stream(device))
+        token = _scope.set(scope)
+        try:
+            result = inner(*args, **kwargs)
+        finally:
+            _scope.reset(token)
+        if scope.demand > learned.get(key, 0):
+            learned[key] = scope.demand
+        return result
+
+    return moe_call.like(forward, inner)
+
+
+def _dispatcher_wrapper(inner, site):
+    import torch
+
+    from .. import registry
+
+    binder = site.binder
+    counters = site.counters
+    takes_promise = getattr(inner, "__aiter_patches__", None) == DISPATCH
+
+    def gemm_a8w8_blockscale_bpreshuffle(*args, **kwargs):
+        scope = _scope.get()
+        if scope is None or "out_zeroed" in kwargs:
+            return inner(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        if problems or bound.get("out") is not None:  # AITER's own error, or a caller-owned buffer
+            return inner(*args, **kwargs)
+        XQ, WQ = bound["XQ"], bound["WQ"]
+        dtype = bound.get("dtype", torch.bfloat16)
+        reason = None
+        if not takes_promise or registry.state(DISPATCH) != APPLIED:
+            reason = f"{DISPATCH} is not applied under this layer: the asm kernel would keep its memset"
+        elif getattr(XQ, "dim", lambda: 0)() != 2 or getattr(WQ, "dim", lambda: 0)() < 2:
+            reason = "XQ is not [M, K]"
+        elif dtype not in (torch.bfloat16, torch.float16):
+            reason = f"output dtype {dtype}"
+        elif not 0 < XQ.shape[0] <= MAX_M:
+            reason = f"M {XQ.shape[0]} outside the pool's bound 1..{MAX_M}"
+        elif XQ.device != scope.device:
+            reason = "another device than the forward's"
+        elif _stream(XQ.device) != scope.stream:
+            reason = "another stream than the forward's (its zero fill is not ordered before this GEMM)"
+        elif _compiling():
+            reason = "torch.compile is tracing"
+        else:
+            reason = asm_split_reason(XQ.shape[0], WQ.shape[0], XQ.shape[1])
+        if reason is not None:
+            counters.fallback(reason)
+            return inner(*args, **kwargs)
+        M, N = XQ.shape[0], WQ.shape[0]
+        size = -(-M * N // ALIGN) * ALIGN
+        start = scope.cursor
+        scope.demand += size
+        if scope.pool is None or start + size > scope.pool.numel():
+            counters.fallback(NOT_SIZED if scope.pool is None else EXHAUSTED)
+            return inner(*args, **kwargs)
+        scope.cursor = start + size  # never handed out again from this pool
+        out = scope.pool[start:start + M * N].view(M, N)
+        if dtype != torch.bfloat16:
+            out = out.view(dtype)  # 2-byte zeros are +0.0 in fp16 too
+        counters.hit()
+        rest = {k: v for k, v in kwargs.items() if k != "out"}
+        return inner(*args[:5], out=out, out_zeroed=True, **rest)
+
+    return moe_call.like(gemm_a8w8_blockscale_bpreshuffle, inner)
+
+
+def _precheck(target: Target, original) -> str | None:
+    problem = source_gate.reason(target, original, RELIED_ON)
+    if problem is not None or target.module != MODULE:
+        return problem
+    fp8 = sys.modules.get(FP8_UTILS)  # deepseek_v2 imports it at its top
+    linear = getattr(fp8, LINEAR, None) if fp8 is not None else None
+    if linear is None:
+        return f"{FP8_UTILS}.{LINEAR} is missing"
+    problem = live_source_reason(linear, RELIED_ON[1])
+    return None if problem is None else f"{FP8_UTILS}.{LINEAR}: {problem}"
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="SGLang DeepseekV2Model.forward: decode GEMMs that AITER runs as split-K asm write into a per-forward "
+            "zero pool (one fill per forward) with out_zeroed=True (their memset is skipped)",
+    targets=(
+        Target(MODULE, "DeepseekV2Model.forward", FORWARD_PINS, _forward_wrapper,
+               "At or below MAX_M tokens: one torch.zeros pool per forward, sized from the model's earlier demand "
+               "at that token count; counts why not otherwise."),
+        Target(dispatch.MODULE, dispatch.DISPATCHER, dispatch.DISPATCHER_PINS, _dispatcher_wrapper,
+               "Outside gemm_dispatch_out_zeroed: inside the scope, a split-K asm shape without out= gets an unused "
+               "pool slice as out and out_zeroed=True."),
+    ),
+    order=6,
+    relies_on=RELIED_ON,
+    requires="sglang",
+    precheck=_precheck,
+    opt_in="sglang",
+)
