@@ -16,7 +16,7 @@ Two hooks, one scope per forward (a context variable):
   forward, so a CUDA graph captures it with the GEMMs and each replay re-zeroes it)
   and runs SGLang's forward. The pool's size is what the same model asked for at the
   same token count before (the first such forward sizes it: its GEMMs keep their
-  memset, counted), capped at ``POOL_CAP_BYTES``.
+  memset, counted), capped at ``AITER_PATCHES_SGLANG_ZERO_POOL_MIB`` (default 256).
 - ``gemm_a8w8_blockscale_bpreshuffle`` (AITER's dispatcher, outside
   ``gemm_dispatch_out_zeroed``'s layer): a call without ``out=`` inside the scope, on
   its stream and device, with M <= ``MAX_M`` and a shape AITER's tuned config sends to
@@ -29,13 +29,14 @@ forward (returned hidden states, PP proxy tensors, spec-decoding captures). A fr
 pool per forward makes each slice behave as SGLang's own ``torch.empty`` output would:
 an unshared tensor allocated on the forward's stream, whose memory the caching
 allocator does not reuse while any slice of it is alive (a kept slice keeps its
-whole pool: at most ``POOL_CAP_BYTES`` per kept forward). No buffer outlives a
+whole pool: at most the cap per kept forward). No buffer outlives a
 forward into the next one's zero fill: there is none to outlive.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
 import sys
 import weakref
 from dataclasses import dataclass
@@ -56,8 +57,11 @@ LINEAR = "aiter_w8a8_block_fp8_linear"
 _DS = "sglang 0.5.23 sglang/srt/models/deepseek_v2.py"
 _FP8 = "sglang 0.5.23 sglang/srt/layers/quantization/fp8_utils.py"
 
-MAX_M = 64  # tokens per forward, and rows per GEMM: decode batches
-POOL_CAP_BYTES = 64 << 20  # DeepSeek-V3 attention TP 1 at M 64: 61 o_proj x 64 x 7168 x 2 B = 56 MB
+MAX_M = 256  # tokens per forward, and rows per GEMM: decode batches
+# The pool's cap: DeepSeek-V3 at attention TP 1 pools its 61 o_proj outputs, 61 x M x 7168 x 2 B
+# (0.83 MiB a token: 40 MiB at M 48, 213.5 MiB at M 256), so 256 MiB covers every M <= MAX_M.
+CAP_ENV = "AITER_PATCHES_SGLANG_ZERO_POOL_MIB"
+DEFAULT_CAP_MIB = 256
 ALIGN = 128  # elements per slice start (256 bytes)
 
 FORWARD_PINS = (Pin("sglang-0.5.23", "(self, input_ids, positions, forward_batch, input_embeds=None, "
@@ -129,11 +133,23 @@ def asm_split_reason(M: int, N: int, K: int) -> str | None:
     return None if found is True else found
 
 
+def pool_cap_bytes() -> int:
+    """The pool's cap from ``AITER_PATCHES_SGLANG_ZERO_POOL_MIB`` (MiB; 0: no pool), read at apply time."""
+    raw = os.environ.get(CAP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_CAP_MIB << 20
+    if not raw.isdigit():
+        raise ValueError(f"{CAP_ENV}={raw!r}: the rule is a whole number of MiB, 0 or more (default "
+                         f"{DEFAULT_CAP_MIB})")
+    return int(raw) << 20
+
+
 def _forward_wrapper(inner, site):
     import torch
 
     binder = site.binder
     counters = site.counters
+    cap = pool_cap_bytes() // 2  # elements of 2 bytes
 
     def forward(*args, **kwargs):
         bound, problems = binder.bind(args, kwargs)
@@ -145,6 +161,9 @@ def _forward_wrapper(inner, site):
         if _compiling():
             counters.fallback("torch.compile is tracing the forward: no pool")
             return inner(*args, **kwargs)
+        if cap == 0:
+            counters.fallback(f"{CAP_ENV}=0: no pool")
+            return inner(*args, **kwargs)
         if not 0 < tokens <= MAX_M:
             counters.fallback(f"{tokens} tokens: outside the pool's bound 1..{MAX_M} (prefill or idle)")
             return inner(*args, **kwargs)
@@ -154,7 +173,7 @@ def _forward_wrapper(inner, site):
             learned = _demand.setdefault(model, {})
         except TypeError:  # not weak-referenceable: no memory of its demand
             learned = {}
-        need = min(learned.get(key, 0), POOL_CAP_BYTES // 2)
+        need = min(learned.get(key, 0), cap)
         pool = torch.zeros(need, dtype=torch.bfloat16, device=device) if need else None  # the one fill
         scope = _Scope(pool, device, _stream(device))
         token = _scope.set(scope)

@@ -301,9 +301,10 @@ def test_a_poisoned_pool_is_caught(pool_tree, stub, tuned, launches, device, on,
     assert torch.equal(got[2], ref[2])  # the CK one never saw the pool
 
 
-def test_prefill_and_large_m_run_as_shipped(pool_tree, stub, tuned, launches, device, on):
+def test_prefill_and_large_m_run_as_shipped(pool_tree, stub, tuned, launches, device, on, monkeypatch):
+    monkeypatch.setattr(pool_mod, "MAX_M", 4)  # the bound is 256; the interpreter runs M 5 faster than M 257
     import_all()
-    M = pool_mod.MAX_M + 1
+    M = 5
     model, log, ref, shipped = reference(stub, device, M, tuned, launches)
     aiter_patches.apply()
     for _ in range(2):
@@ -312,7 +313,24 @@ def test_prefill_and_large_m_run_as_shipped(pool_tree, stub, tuned, launches, de
         forward(model, M, device)
         assert launches == shipped and same(bits(log), ref)
     fb = aiter_patches.stats()[NAME]["fallback"]
-    assert fb == {f"{M} tokens: outside the pool's bound 1..{pool_mod.MAX_M} (prefill or idle)": 2}
+    assert fb == {"5 tokens: outside the pool's bound 1..4 (prefill or idle)": 2}
+
+
+def test_the_cap_switch(pool_tree, stub, tuned, launches, device, on, monkeypatch):
+    import_all()
+    monkeypatch.setenv(pool_mod.CAP_ENV, "lots")
+    report = aiter_patches.apply()
+    assert report[NAME]["state"] == "skipped" and f"{pool_mod.CAP_ENV}='lots': the rule is" in report[NAME]["reason"]
+    aiter_patches.revert()
+    monkeypatch.setenv(pool_mod.CAP_ENV, "0")
+    assert aiter_patches.apply()[NAME]["state"] == "applied"
+    M = 2
+    model, log, ref, shipped = reference(stub, device, M, tuned, launches)
+    for _ in range(2):
+        launches.clear()
+        forward(model, M, device)
+        assert launches == shipped
+    assert aiter_patches.stats()[NAME]["fallback"] == {f"{pool_mod.CAP_ENV}=0: no pool": 2}
 
 
 def test_more_gemms_than_learned_exhaust_the_pool(pool_tree, stub, tuned, launches, device, on):
@@ -397,3 +415,64 @@ def test_revert_restores_the_forward_and_the_dispatcher(pool_tree, stub, on):
     assert (cls.forward, gemm.gemm_a8w8_blockscale_bpreshuffle,
             sys.modules[FP8].gemm_a8w8_blockscale_bpreshuffle) == before
 
+
+
+# ---- the facts README "SGLang" states: SGLang's Triton list (the wheel) and AITER's tuned CSVs (the fixture tree)
+
+def test_the_triton_list_is_sglangs():
+    import ast
+
+    from aiter_patches.integrations.facts import sglang_gemm_reach as reach
+
+    src = sglang_tree._segment(sglang_tree.read(FP8_MEMBER), "use_aiter_triton_gemm_w8a8_tuned_gfx950")
+    lists = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.List)]
+    assert len(lists) == 1 and set(ast.literal_eval(lists[0])) == reach.TRITON_NK
+
+
+def test_which_deepseek_gemms_reach_asm_split_k(tmp_path):
+    from aiter_patches.integrations.facts import sglang_gemm_reach as reach
+    from helpers.aiter_tree import aiter_part
+
+    root = aiter_part(tmp_path, lambda p: len(p) >= 2 and p[0] == "aiter" and p[1] == "configs",
+                      "aiter/configs/a8w8_blockscale_bpreshuffle_tuned_gemm.csv")
+    rows = {(r["tp"], r["name"]): r for r in reach.report(root, "gfx950", 256, 256)}
+    o_proj = rows[(1, "o_proj")]  # attention TP 1 (DP attention): 61 of them per forward
+    assert o_proj["dispatcher"] and set(o_proj["splits"]) == set(range(33, 49)) | set(range(65, 257))
+    assert set(rows[(4, "dense gate_up_proj")]["splits"]) == set(range(1, 129))
+    # TP 8 without DP attention: every linear that asm would split is on SGLang's Triton list
+    assert all(not r["dispatcher"] or not r["splits"] for (tp, _), r in rows.items() if tp == 8)
+    assert rows[(8, "kv_b_proj")]["dispatcher"] and not rows[(8, "kv_b_proj")]["splits"]
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_captures_the_fill(pool_tree, stub, tuned, launches, on):
+    """As SGLang captures a decode graph (two eager warm-ups, then capture): each replay re-zeroes the pool.
+
+    Between replays the pooled outputs (the graph's own slices) are poisoned with NaN; the
+    replay must give the eager, unpatched result bit for bit, which it can only if the
+    zero fill runs inside the graph before the split-K GEMMs.
+    """
+    device = torch.device("cuda")
+    import_all()
+    M = 8
+    model, log, ref, _ = reference(stub, device, M, tuned, launches)
+    aiter_patches.apply()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            log.clear()
+            forward(model, M, device)
+    torch.cuda.current_stream().wait_stream(stream)
+    log.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(model, M, device)
+    captured = list(log)
+    assert aiter_patches.stats()[NAME]["fast"] == 4  # warm-up 2 + capture 2 (the first warm-up sized the pool)
+    for _ in range(3):
+        for t in captured[:2]:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert same(bits(captured), ref)
