@@ -35,6 +35,7 @@ forward into the next one's zero fill: there is none to outlive.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import sys
@@ -144,9 +145,30 @@ def pool_cap_bytes() -> int:
     return int(raw) << 20
 
 
-def _forward_wrapper(inner, site):
+@contextlib.contextmanager
+def pool_scope(model, device, tokens: int, cap: int):
+    """One forward's scope: a pool of what ``model`` asked for at ``tokens`` before (at most ``cap`` elements),
+    zeroed now on the current stream; on a normal exit, what this forward asked for is remembered."""
     import torch
 
+    key = (str(device), tokens)
+    try:
+        learned = _demand.setdefault(model, {})
+    except TypeError:  # not weak-referenceable: no memory of its demand
+        learned = {}
+    need = min(learned.get(key, 0), cap)
+    pool = torch.zeros(need, dtype=torch.bfloat16, device=device) if need else None  # the one fill
+    scope = _Scope(pool, device, _stream(device))
+    token = _scope.set(scope)
+    try:
+        yield scope
+    finally:
+        _scope.reset(token)
+    if scope.demand > learned.get(key, 0):
+        learned[key] = scope.demand
+
+
+def _forward_wrapper(inner, site):
     binder = site.binder
     counters = site.counters
     cap = pool_cap_bytes() // 2  # elements of 2 bytes
@@ -157,7 +179,8 @@ def _forward_wrapper(inner, site):
             counters.fallback(problems[0])
             return inner(*args, **kwargs)
         positions = bound["positions"]
-        tokens = positions.shape[0] if positions.dim() >= 1 else 0
+        shape = getattr(positions, "shape", None)
+        tokens = shape[0] if shape else 0  # no tensor, or a 0-d one: not a decode batch
         if _compiling():
             counters.fallback("torch.compile is tracing the forward: no pool")
             return inner(*args, **kwargs)
@@ -167,23 +190,8 @@ def _forward_wrapper(inner, site):
         if not 0 < tokens <= MAX_M:
             counters.fallback(f"{tokens} tokens: outside the pool's bound 1..{MAX_M} (prefill or idle)")
             return inner(*args, **kwargs)
-        model, device = bound["self"], positions.device
-        key = (str(device), tokens)
-        try:
-            learned = _demand.setdefault(model, {})
-        except TypeError:  # not weak-referenceable: no memory of its demand
-            learned = {}
-        need = min(learned.get(key, 0), cap)
-        pool = torch.zeros(need, dtype=torch.bfloat16, device=device) if need else None  # the one fill
-        scope = _Scope(pool, device, _stream(device))
-        token = _scope.set(scope)
-        try:
-            result = inner(*args, **kwargs)
-        finally:
-            _scope.reset(token)
-        if scope.demand > learned.get(key, 0):
-            learned[key] = scope.demand
-        return result
+        with pool_scope(bound["self"], positions.device, tokens, cap):
+            return inner(*args, **kwargs)
 
     return moe_call.like(forward, inner)
 
@@ -256,6 +264,66 @@ def _precheck(target: Target, original) -> str | None:
     return None if problem is None else f"{FP8_UTILS}.{LINEAR}: {problem}"
 
 
+def check(device):
+    """``aiter-patches verify``: AITER's dispatcher inside a pool scope (as SGLang's forward opens it) vs. unpatched.
+
+    The scope is opened twice for the same stand-in model and token count (the first sizes the pool, the
+    second hands out a slice). On the stand-in, its tuned table is pointed at asm with two splits for the
+    check's shape: the slice must be taken and the result bitwise. On real AITER the installed tuned config
+    decides: bitwise where no slice was taken; where asm took one, AITER's splits add atomically, so
+    within 1e-2 relative (2-norm).
+    """
+    import torch
+
+    from .. import registry
+    from ..declarations import CheckResult
+    from ..reference.blockscale_gemm import shuffle_weight_16x16
+    from ..verify import suspended
+
+    aiter = sys.modules["aiter"]
+    mod = sys.modules[dispatch.MODULE]
+    fp8 = aiter.dtypes.fp8
+    g = torch.Generator().manual_seed(12)
+    M, N, K = 16, 256, 512
+    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
+    Bs = shuffle_weight_16x16((torch.randn(N, K, generator=g) * 2).to(fp8)).to(device)
+    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()
+    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
+    stand_in = getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
+    saved = dict(getattr(mod, "TUNED", {}))
+    if stand_in:
+        mod.TUNED[(M, N, K)] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
+    _split_cache.pop((M, N, K), None)
+
+    class _Model:
+        pass
+
+    model = _Model()
+    try:
+        for _ in range(2):
+            before = registry.stats()[NAME]["fast"]
+            with pool_scope(model, A.device, M, DEFAULT_CAP_MIB << 19):
+                out_p = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+        pooled = registry.stats()[NAME]["fast"] > before
+        with suspended():
+            out_o = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+    finally:
+        _split_cache.pop((M, N, K), None)
+        if stand_in:
+            mod.TUNED.clear()
+            mod.TUNED.update(saved)
+    if stand_in and not pooled:
+        return CheckResult("bitwise", False, f"no pool slice was taken ({registry.stats()[NAME]['fallback']})")
+    if stand_in or not pooled:
+        ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
+        detail = "a pool slice with out_zeroed=True equals the dispatcher's own output" if pooled else \
+            "AITER's tuned config runs no split-K asm here: no slice taken, AITER's result"
+        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
+    err = ((out_p.float() - out_o.float()).norm() / out_o.float().norm()).item()
+    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= 1e-2,
+                       f"asm took a pool slice; relative error {err:.2e}")
+
+
 PATCH = Patch(
     name=NAME,
     summary="SGLang DeepseekV2Model.forward: decode GEMMs that AITER runs as split-K asm write into a per-forward "
@@ -273,4 +341,5 @@ PATCH = Patch(
     requires="sglang",
     precheck=_precheck,
     opt_in="sglang",
+    check="aiter_patches.integrations.sglang_zero_pool:check",
 )

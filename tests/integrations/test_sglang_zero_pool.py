@@ -417,6 +417,17 @@ def test_revert_restores_the_forward_and_the_dispatcher(pool_tree, stub, on):
 
 
 
+def test_the_verify_check_passes_and_fails_when_it_must(pool_tree, stub, device, on, monkeypatch):
+    import_all()
+    aiter_patches.apply()
+    res = pool_mod.check(device)
+    assert res.ok and res.kind == "bitwise" and "pool slice" in res.detail, res
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: real_zeros(*a, **k).fill_(1.0))
+    res = pool_mod.check(device)
+    assert not res.ok and res.detail == "outputs differ"
+
+
 # ---- the facts README "SGLang" states: SGLang's Triton list (the wheel) and AITER's tuned CSVs (the fixture tree)
 
 def test_the_triton_list_is_sglangs():
