@@ -351,6 +351,23 @@ def test_more_gemms_than_learned_exhaust_the_pool(pool_tree, stub, tuned, launch
     assert aiter_patches.stats()[NAME]["fast"] == 5
 
 
+def test_a_gemm_on_another_stream_is_not_pooled(pool_tree, stub, tuned, launches, device, on, monkeypatch):
+    """The fill is ordered before the GEMMs on the forward's stream only: a GEMM on another one keeps its memset."""
+    import_all()
+    M = 3
+    model, log, ref, shipped = reference(stub, device, M, tuned, launches)
+    aiter_patches.apply()
+    streams = iter(range(10**6))
+    monkeypatch.setattr(pool_mod, "_stream", lambda device: next(streams))  # every call: another stream
+    for _ in range(2):
+        log.clear()
+        launches.clear()
+        forward(model, M, device)
+        assert launches == shipped and same(bits(log), ref)
+    fb = aiter_patches.stats()[NAME]["fallback"]
+    assert fb == {"another stream than the forward's (its zero fill is not ordered before this GEMM)": 6}
+
+
 def test_without_the_dispatcher_patch_nothing_is_pooled(pool_tree, stub, tuned, launches, device, on, monkeypatch):
     monkeypatch.setenv("AITER_PATCHES_DISABLE", "gemm_dispatch_out_zeroed")
     import_all()
