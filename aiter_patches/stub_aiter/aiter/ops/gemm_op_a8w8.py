@@ -117,8 +117,17 @@ def gemm_a8w8_blockscale_bpreshuffle_asm(
 TUNED: dict = {}
 
 
+class _Configs:
+    """AITER's ``AITER_CONFIGS`` (``aiter/jit/core.py``): the tuned-CSV path the dispatcher passes to the lookup."""
+
+    AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_FILE = "<stand-in: TUNED>"
+
+
+AITER_CONFIGS = _Configs()
+
+
 def get_CKGEMM_config(M: int, N: int, K: int, tuned_file: str | None = None):
-    """AITER's lookup of the tuned CSV row for one shape (None: untuned)."""
+    """AITER's lookup of the tuned CSV row for one shape (None: untuned); the stand-in has one table."""
     return TUNED.get((M, N, K))
 
 
@@ -147,7 +156,7 @@ def gemm_a8w8_blockscale_bpreshuffle(
         Y = out
     else:
         Y = torch.empty(m, n, dtype=dtype, device=XQ.device)
-    config = get_CKGEMM_config(m, n, k)
+    config = get_CKGEMM_config(m, n, k, AITER_CONFIGS.AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_FILE)
     if config is not None and config["libtype"] == "asm":
         return gemm_a8w8_blockscale_bpreshuffle_asm(XQ, WQ, Y, x_scale, w_scale, splitK=config["splitK"],
                                                     kernelName=str(config.get("kernelName", "")))

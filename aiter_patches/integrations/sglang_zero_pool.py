@@ -1,0 +1,345 @@
+"""Integration: SGLang 0.5.23's DeepSeek decode GEMMs write into a per-forward zero pool, so split-K asm skips its memset.
+
+SGLang's fp8 block linear (``aiter_w8a8_block_fp8_linear``, ``srt/layers/quantization/
+fp8_utils.py`` ≈1648) calls AITER's tuned dispatcher ``gemm_a8w8_blockscale_bpreshuffle``
+without ``out=`` on gfx950 with ROCm >= 7.2, for every (N, K) outside its Triton list
+(``use_aiter_triton_gemm_w8a8_tuned_gfx950``). Where AITER's tuned CSV then picks the
+asm kernel with a split above one, AITER's launcher memsets the output first: one
+launch per GEMM. For DeepSeek-V3/R1 that is, at decode M on gfx950 (256 CUs), the
+attention-TP-1 ``o_proj`` (N 7168, K 16384: DP attention) and the TP-4 dense MLP
+(README "SGLang": the table, read from AITER's CSVs by ``tests/integrations``).
+
+Two hooks, one scope per forward (a context variable):
+
+- ``DeepseekV2Model.forward``: at or below ``MAX_M`` tokens, allocates the scope's
+  pool with ``torch.zeros`` (the one fill, on the forward's stream, inside the
+  forward, so a CUDA graph captures it with the GEMMs and each replay re-zeroes it)
+  and runs SGLang's forward. The pool's size is what the same model asked for at the
+  same token count before (the first such forward sizes it: its GEMMs keep their
+  memset, counted), capped at ``AITER_PATCHES_SGLANG_ZERO_POOL_MIB`` (default 256).
+- ``gemm_a8w8_blockscale_bpreshuffle`` (AITER's dispatcher, outside
+  ``gemm_dispatch_out_zeroed``'s layer): a call without ``out=`` inside the scope, on
+  its stream and device, with M <= ``MAX_M`` and a shape AITER's tuned config sends to
+  asm with a split above one, gets the next unused slice of the pool as ``out`` and
+  ``out_zeroed=True``. Every slice is handed out once per pool; a pool lives for one
+  forward; nothing else writes it. Everything else runs as shipped, counted.
+
+Lifetime. A GEMM output is an activation: it may live past its layer, and past the
+forward (returned hidden states, PP proxy tensors, spec-decoding captures). A fresh
+pool per forward makes each slice behave as SGLang's own ``torch.empty`` output would:
+an unshared tensor allocated on the forward's stream, whose memory the caching
+allocator does not reuse while any slice of it is alive (a kept slice keeps its
+whole pool: at most the cap per kept forward). No buffer outlives a
+forward into the next one's zero fill: there is none to outlive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from ..declarations import APPLIED, Patch, SourcePin, Target
+from ..drift import live_source_reason
+from ..patches import gemm_dispatch_out_zeroed as dispatch
+from ..patches import moe_call
+from ..signatures import Pin
+from . import source_gate
+
+NAME = "sglang_gemm_zero_pool"
+DISPATCH = dispatch.NAME
+MODULE = "sglang.srt.models.deepseek_v2"
+FP8_UTILS = "sglang.srt.layers.quantization.fp8_utils"
+LINEAR = "aiter_w8a8_block_fp8_linear"
+_DS = "sglang 0.5.23 sglang/srt/models/deepseek_v2.py"
+_FP8 = "sglang 0.5.23 sglang/srt/layers/quantization/fp8_utils.py"
+
+MAX_M = 256  # tokens per forward, and rows per GEMM: decode batches
+# The pool's cap: DeepSeek-V3 at attention TP 1 pools its 61 o_proj outputs, 61 x M x 7168 x 2 B
+# (0.83 MiB a token: 40 MiB at M 48, 213.5 MiB at M 256), so 256 MiB covers every M <= MAX_M.
+CAP_ENV = "AITER_PATCHES_SGLANG_ZERO_POOL_MIB"
+DEFAULT_CAP_MIB = 256
+ALIGN = 128  # elements per slice start (256 bytes)
+
+FORWARD_PINS = (Pin("sglang-0.5.23", "(self, input_ids, positions, forward_batch, input_embeds=None, "
+                                     "pp_proxy_tensors=None)", f"{_DS}:3094"),)
+
+RELIED_ON = (
+    SourcePin(MODULE, "DeepseekV2Model.forward",
+              "b29bfaf597fcfb70cd36ae226cfb4a4db3c6741938a1260b3c1f523552e482f5",
+              "one call runs every decoder layer of a forward on the caller's stream (SGLang allocates its own "
+              "per-forward zeroed BumpAllocators at its start the same way)",
+              f"{_DS}:3094"),
+    SourcePin(FP8_UTILS, LINEAR,
+              "cd5c188cbfcb7b3bdd79ee40b75947db25af9aae7919ce7bade906418b46d5ba",
+              "calls gemm_a8w8_blockscale_bpreshuffle without out= and returns its output (plus bias, .to, .view) "
+              "as the layer's activation: a fresh zeroed slice serves as well as the dispatcher's torch.empty",
+              f"{_FP8}:1648"),
+)
+
+NOT_SIZED = "the pool was not sized for this token count yet (sized from this forward for the next)"
+EXHAUSTED = "the pool is exhausted (its cap, or more GEMMs than this token count had before)"
+NOT_SPLIT = "AITER's tuned config picks no asm split above one here: no memset to save"
+
+
+@dataclass
+class _Scope:
+    pool: Any  # torch.Tensor (bf16, zeroed at entry) or None
+    device: Any
+    stream: Any
+    cursor: int = 0
+    demand: int = 0
+
+
+_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("aiter_patches_sglang_zero_pool", default=None)
+_demand: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # model -> {(device, M): elements}
+_split_cache: dict = {}  # (M, N, K) -> True / the reason it is not an asm split above one
+
+
+def _stream(device) -> Any:
+    import torch
+
+    if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
+        return torch.cuda.current_stream(device)
+    return None
+
+
+def _compiling() -> bool:
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
+def asm_split_reason(M: int, N: int, K: int) -> str | None:
+    """None when AITER's tuned config (its own lookup, host-only, cached) sends (M, N, K) to asm with splitK > 1."""
+    key = (M, N, K)
+    found = _split_cache.get(key)
+    if found is None:
+        mod = sys.modules.get(dispatch.MODULE)
+        try:
+            configs = getattr(mod, "AITER_CONFIGS", None)
+            tuned = configs.AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_FILE if configs is not None else None
+            config = mod.get_CKGEMM_config(M, N, K, tuned)
+            if config is not None and config["libtype"] == "asm" and int(config["splitK"]) > 1:
+                found = True
+            else:
+                found = NOT_SPLIT
+        except Exception as exc:  # another AITER: no prediction, no pool slice (never wrong, at worst the memset)
+            found = f"cannot read AITER's tuned config: {type(exc).__name__}: {exc}"
+        _split_cache[key] = found
+    return None if found is True else found
+
+
+def pool_cap_bytes() -> int:
+    """The pool's cap from ``AITER_PATCHES_SGLANG_ZERO_POOL_MIB`` (MiB; 0: no pool), read at apply time."""
+    raw = os.environ.get(CAP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_CAP_MIB << 20
+    if not raw.isdigit():
+        raise ValueError(f"{CAP_ENV}={raw!r}: the rule is a whole number of MiB, 0 or more (default "
+                         f"{DEFAULT_CAP_MIB})")
+    return int(raw) << 20
+
+
+@contextlib.contextmanager
+def pool_scope(model, device, tokens: int, cap: int):
+    """One forward's scope: a pool of what ``model`` asked for at ``tokens`` before (at most ``cap`` elements),
+    zeroed now on the current stream; on a normal exit, what this forward asked for is remembered."""
+    import torch
+
+    key = (str(device), tokens)
+    try:
+        learned = _demand.setdefault(model, {})
+    except TypeError:  # not weak-referenceable: no memory of its demand
+        learned = {}
+    need = min(learned.get(key, 0), cap)
+    pool = torch.zeros(need, dtype=torch.bfloat16, device=device) if need else None  # the one fill
+    scope = _Scope(pool, device, _stream(device))
+    token = _scope.set(scope)
+    try:
+        yield scope
+    finally:
+        _scope.reset(token)
+    if scope.demand > learned.get(key, 0):
+        learned[key] = scope.demand
+
+
+def _forward_wrapper(inner, site):
+    binder = site.binder
+    counters = site.counters
+    cap = pool_cap_bytes() // 2  # elements of 2 bytes
+
+    def forward(*args, **kwargs):
+        bound, problems = binder.bind(args, kwargs)
+        if problems:
+            counters.fallback(problems[0])
+            return inner(*args, **kwargs)
+        positions = bound["positions"]
+        shape = getattr(positions, "shape", None)
+        tokens = shape[0] if shape else 0  # no tensor, or a 0-d one: not a decode batch
+        if _compiling():
+            counters.fallback("torch.compile is tracing the forward: no pool")
+            return inner(*args, **kwargs)
+        if cap == 0:
+            counters.fallback(f"{CAP_ENV}=0: no pool")
+            return inner(*args, **kwargs)
+        if not 0 < tokens <= MAX_M:
+            counters.fallback(f"{tokens} tokens: outside the pool's bound 1..{MAX_M} (prefill or idle)")
+            return inner(*args, **kwargs)
+        with pool_scope(bound["self"], positions.device, tokens, cap):
+            return inner(*args, **kwargs)
+
+    return moe_call.like(forward, inner)
+
+
+def _dispatcher_wrapper(inner, site):
+    import torch
+
+    from .. import registry
+
+    binder = site.binder
+    counters = site.counters
+    takes_promise = getattr(inner, "__aiter_patches__", None) == DISPATCH
+
+    def gemm_a8w8_blockscale_bpreshuffle(*args, **kwargs):
+        scope = _scope.get()
+        if scope is None or "out_zeroed" in kwargs:
+            return inner(*args, **kwargs)
+        bound, problems = binder.bind(args, kwargs)
+        if problems or bound.get("out") is not None:  # AITER's own error, or a caller-owned buffer
+            return inner(*args, **kwargs)
+        XQ, WQ = bound["XQ"], bound["WQ"]
+        dtype = bound.get("dtype", torch.bfloat16)
+        reason = None
+        if not takes_promise or registry.state(DISPATCH) != APPLIED:
+            reason = f"{DISPATCH} is not applied under this layer: the asm kernel would keep its memset"
+        elif getattr(XQ, "dim", lambda: 0)() != 2 or getattr(WQ, "dim", lambda: 0)() < 2:
+            reason = "XQ is not [M, K]"
+        elif dtype not in (torch.bfloat16, torch.float16):
+            reason = f"output dtype {dtype}"
+        elif not 0 < XQ.shape[0] <= MAX_M:
+            reason = f"M {XQ.shape[0]} outside the pool's bound 1..{MAX_M}"
+        elif XQ.device != scope.device:
+            reason = "another device than the forward's"
+        elif _stream(XQ.device) != scope.stream:
+            reason = "another stream than the forward's (its zero fill is not ordered before this GEMM)"
+        elif _compiling():
+            reason = "torch.compile is tracing"
+        else:
+            reason = asm_split_reason(XQ.shape[0], WQ.shape[0], XQ.shape[1])
+        if reason is not None:
+            counters.fallback(reason)
+            return inner(*args, **kwargs)
+        M, N = XQ.shape[0], WQ.shape[0]
+        size = -(-M * N // ALIGN) * ALIGN
+        start = scope.cursor
+        scope.demand += size
+        if scope.pool is None or start + size > scope.pool.numel():
+            counters.fallback(NOT_SIZED if scope.pool is None else EXHAUSTED)
+            return inner(*args, **kwargs)
+        scope.cursor = start + size  # never handed out again from this pool
+        out = scope.pool[start:start + M * N].view(M, N)
+        if dtype != torch.bfloat16:
+            out = out.view(dtype)  # 2-byte zeros are +0.0 in fp16 too
+        counters.hit()
+        rest = {k: v for k, v in kwargs.items() if k != "out"}
+        return inner(*args[:5], out=out, out_zeroed=True, **rest)
+
+    return moe_call.like(gemm_a8w8_blockscale_bpreshuffle, inner)
+
+
+def _precheck(target: Target, original) -> str | None:
+    problem = source_gate.reason(target, original, RELIED_ON)
+    if problem is not None or target.module != MODULE:
+        return problem
+    fp8 = sys.modules.get(FP8_UTILS)  # deepseek_v2 imports it at its top
+    linear = getattr(fp8, LINEAR, None) if fp8 is not None else None
+    if linear is None:
+        return f"{FP8_UTILS}.{LINEAR} is missing"
+    problem = live_source_reason(linear, RELIED_ON[1])
+    return None if problem is None else f"{FP8_UTILS}.{LINEAR}: {problem}"
+
+
+def check(device):
+    """``aiter-patches verify``: AITER's dispatcher inside a pool scope (as SGLang's forward opens it) vs. unpatched.
+
+    The scope is opened twice for the same stand-in model and token count (the first sizes the pool, the
+    second hands out a slice). On the stand-in, its tuned table is pointed at asm with two splits for the
+    check's shape: the slice must be taken and the result bitwise. On real AITER the installed tuned config
+    decides: bitwise where no slice was taken; where asm took one, AITER's splits add atomically, so
+    within 1e-2 relative (2-norm).
+    """
+    import torch
+
+    from .. import registry
+    from ..declarations import CheckResult
+    from ..reference.blockscale_gemm import shuffle_weight_16x16
+    from ..verify import suspended
+
+    aiter = sys.modules["aiter"]
+    mod = sys.modules[dispatch.MODULE]
+    fp8 = aiter.dtypes.fp8
+    g = torch.Generator().manual_seed(12)
+    M, N, K = 16, 256, 512
+    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
+    Bs = shuffle_weight_16x16((torch.randn(N, K, generator=g) * 2).to(fp8)).to(device)
+    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()
+    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
+    stand_in = getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
+    saved = dict(getattr(mod, "TUNED", {}))
+    if stand_in:
+        mod.TUNED[(M, N, K)] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
+    _split_cache.pop((M, N, K), None)
+
+    class _Model:
+        pass
+
+    model = _Model()
+    try:
+        for _ in range(2):
+            before = registry.stats()[NAME]["fast"]
+            with pool_scope(model, A.device, M, DEFAULT_CAP_MIB << 19):
+                out_p = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+        pooled = registry.stats()[NAME]["fast"] > before
+        with suspended():
+            out_o = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+    finally:
+        _split_cache.pop((M, N, K), None)
+        if stand_in:
+            mod.TUNED.clear()
+            mod.TUNED.update(saved)
+    if stand_in and not pooled:
+        return CheckResult("bitwise", False, f"no pool slice was taken ({registry.stats()[NAME]['fallback']})")
+    if stand_in or not pooled:
+        ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
+        detail = "a pool slice with out_zeroed=True equals the dispatcher's own output" if pooled else \
+            "AITER's tuned config runs no split-K asm here: no slice taken, AITER's result"
+        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
+    err = ((out_p.float() - out_o.float()).norm() / out_o.float().norm()).item()
+    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= 1e-2,
+                       f"asm took a pool slice; relative error {err:.2e}")
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="SGLang DeepseekV2Model.forward: decode GEMMs that AITER runs as split-K asm write into a per-forward "
+            "zero pool (one fill per forward) with out_zeroed=True (their memset is skipped)",
+    targets=(
+        Target(MODULE, "DeepseekV2Model.forward", FORWARD_PINS, _forward_wrapper,
+               "At or below MAX_M tokens: one torch.zeros pool per forward, sized from the model's earlier demand "
+               "at that token count; counts why not otherwise."),
+        Target(dispatch.MODULE, dispatch.DISPATCHER, dispatch.DISPATCHER_PINS, _dispatcher_wrapper,
+               "Outside gemm_dispatch_out_zeroed: inside the scope, a split-K asm shape without out= gets an unused "
+               "pool slice as out and out_zeroed=True."),
+    ),
+    order=6,
+    relies_on=RELIED_ON,
+    requires="sglang",
+    precheck=_precheck,
+    opt_in="sglang",
+    check="aiter_patches.integrations.sglang_zero_pool:check",
+)
