@@ -44,7 +44,7 @@ from ..patches import moe_call
 from ..patches import pins as aiter_pins
 from ..declarations import APPLIED, Patch, SourcePin, Target
 from ..signatures import Pin
-from . import source_gate
+from . import compile_state, source_gate
 
 NAME = "sglang_shared_expert_fold"
 FOLD = "moe_addend_fold"
@@ -166,15 +166,18 @@ def _forward_normal_wrapper(inner, site):
     g = inner.__globals__
 
     def forward_normal(*args, **kwargs):
-        if _scope.get() is not None:
+        if compile_state.tracing() or _scope.get() is not None:
             return inner(*args, **kwargs)
         bound, problems = binder.bind(args, kwargs)
         if problems:
             counters.fallback(problems[0])
             return inner(*args, **kwargs)
         hs = bound["hidden_states"]
-        reason = blocker(bound["self"], g, bound.get("skip_shared_experts", False),
-                         bound.get("return_moe_output", False), bound.get("leave_output_sum", False), hs)
+        if compile_state.in_compiled_region():
+            reason = compile_state.IN_COMPILED_REGION
+        else:
+            reason = blocker(bound["self"], g, bound.get("skip_shared_experts", False),
+                             bound.get("return_moe_output", False), bound.get("leave_output_sum", False), hs)
         if reason is not None:
             counters.fallback(reason)
             return inner(*args, **kwargs)
@@ -196,6 +199,8 @@ def _forward_normal_wrapper(inner, site):
 def _shared_experts_wrapper(inner, site):
     def _forward_shared_experts(self, hidden_states, *args, **kwargs):
         out = inner(self, hidden_states, *args, **kwargs)
+        if compile_state.tracing():
+            return out
         scope = _scope.get()
         if (scope is not None and scope.shared is None and not scope.offered and hidden_states is scope.hidden_states
                 and out is not None and _stream(hidden_states.device) == scope.stream):  # Stream objects compare by handle
@@ -209,6 +214,8 @@ def _dual_stream_wrapper(inner, site):
     counters = site.counters
 
     def forward_normal_dual_stream(*args, **kwargs):
+        if compile_state.tracing():
+            return inner(*args, **kwargs)
         counters.fallback("dual stream: the shared experts run on alt_stream, issued after the routed call")
         return inner(*args, **kwargs)
 
@@ -221,6 +228,8 @@ def _fused_moe_wrapper(inner, site):
     takes_addend = getattr(inner, "__aiter_patches__", None) == FOLD
 
     def fused_moe(*args, **kwargs):
+        if compile_state.tracing():
+            return inner(*args, **kwargs)
         scope = _scope.get()
         if scope is None or scope.shared is None or scope.offered or "moe_addend" in kwargs:
             return inner(*args, **kwargs)
@@ -254,6 +263,8 @@ def _fuse_add_wrapper(inner, site):
     counters = site.counters
 
     def maybe_fuse_routed_scale_and_shared_add(experts, routed, shared, routed_scaling_factor):
+        if compile_state.tracing():
+            return inner(experts, routed, shared, routed_scaling_factor)
         scope = _scope.get()
         if scope is None or scope.out is None or shared is None or shared is not scope.shared:
             return inner(experts, routed, shared, routed_scaling_factor)

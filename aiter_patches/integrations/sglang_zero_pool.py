@@ -39,6 +39,7 @@ import contextlib
 import contextvars
 import os
 import sys
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,7 @@ from ..drift import live_source_reason
 from ..patches import gemm_dispatch_out_zeroed as dispatch
 from ..patches import moe_call
 from ..signatures import Pin
-from . import source_gate
+from . import compile_state, source_gate
 
 NAME = "sglang_gemm_zero_pool"
 DISPATCH = dispatch.NAME
@@ -83,6 +84,8 @@ RELIED_ON = (
 
 NOT_SIZED = "the pool was not sized for this token count yet (sized from this forward for the next)"
 EXHAUSTED = "the pool is exhausted (its cap, or more GEMMs than this token count had before)"
+NOT_TAKEN = ("a pooled slice went to the dispatcher but its layer did not pass the promise on (another kernel "
+             "or split 1 was picked): the GEMM wrote the zeroed slice as usual")
 NOT_SPLIT = "AITER's tuned config picks no asm split above one here: no memset to save"
 
 
@@ -91,6 +94,7 @@ class _Scope:
     pool: Any  # torch.Tensor (bf16, zeroed at entry) or None
     device: Any
     stream: Any
+    thread: int = 0
     cursor: int = 0
     demand: int = 0
 
@@ -106,12 +110,6 @@ def _stream(device) -> Any:
     if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
         return torch.cuda.current_stream(device)
     return None
-
-
-def _compiling() -> bool:
-    import torch
-
-    return bool(torch.compiler.is_compiling())
 
 
 def asm_split_reason(M: int, N: int, K: int) -> str | None:
@@ -158,7 +156,7 @@ def pool_scope(model, device, tokens: int, cap: int):
         learned = {}
     need = min(learned.get(key, 0), cap)
     pool = torch.zeros(need, dtype=torch.bfloat16, device=device) if need else None  # the one fill
-    scope = _Scope(pool, device, _stream(device))
+    scope = _Scope(pool, device, _stream(device), threading.get_ident())
     token = _scope.set(scope)
     try:
         yield scope
@@ -174,6 +172,8 @@ def _forward_wrapper(inner, site):
     cap = pool_cap_bytes() // 2  # elements of 2 bytes
 
     def forward(*args, **kwargs):
+        if compile_state.tracing():
+            return inner(*args, **kwargs)
         bound, problems = binder.bind(args, kwargs)
         if problems:
             counters.fallback(problems[0])
@@ -181,8 +181,8 @@ def _forward_wrapper(inner, site):
         positions = bound["positions"]
         shape = getattr(positions, "shape", None)
         tokens = shape[0] if shape else 0  # no tensor, or a 0-d one: not a decode batch
-        if _compiling():
-            counters.fallback("torch.compile is tracing the forward: no pool")
+        if compile_state.in_compiled_region():
+            counters.fallback(compile_state.IN_COMPILED_REGION)
             return inner(*args, **kwargs)
         if cap == 0:
             counters.fallback(f"{CAP_ENV}=0: no pool")
@@ -204,8 +204,11 @@ def _dispatcher_wrapper(inner, site):
     binder = site.binder
     counters = site.counters
     takes_promise = getattr(inner, "__aiter_patches__", None) == DISPATCH
+    dispatch_counters = registry.counters(DISPATCH)
 
     def gemm_a8w8_blockscale_bpreshuffle(*args, **kwargs):
+        if compile_state.tracing():
+            return inner(*args, **kwargs)
         scope = _scope.get()
         if scope is None or "out_zeroed" in kwargs:
             return inner(*args, **kwargs)
@@ -219,16 +222,16 @@ def _dispatcher_wrapper(inner, site):
             reason = f"{DISPATCH} is not applied under this layer: the asm kernel would keep its memset"
         elif getattr(XQ, "dim", lambda: 0)() != 2 or getattr(WQ, "dim", lambda: 0)() < 2:
             reason = "XQ is not [M, K]"
-        elif dtype not in (torch.bfloat16, torch.float16):
-            reason = f"output dtype {dtype}"
+        elif dtype != torch.bfloat16:
+            reason = f"output dtype {dtype}: AITER's asm kernel writes bf16 only (the memset stays with the kernel picked)"
         elif not 0 < XQ.shape[0] <= MAX_M:
             reason = f"M {XQ.shape[0]} outside the pool's bound 1..{MAX_M}"
         elif XQ.device != scope.device:
             reason = "another device than the forward's"
         elif _stream(XQ.device) != scope.stream:
             reason = "another stream than the forward's (its zero fill is not ordered before this GEMM)"
-        elif _compiling():
-            reason = "torch.compile is tracing"
+        elif threading.get_ident() != scope.thread:
+            reason = "another thread than the forward's (the scope's cursor is not shared across threads)"
         else:
             reason = asm_split_reason(XQ.shape[0], WQ.shape[0], XQ.shape[1])
         if reason is not None:
@@ -243,11 +246,14 @@ def _dispatcher_wrapper(inner, site):
             return inner(*args, **kwargs)
         scope.cursor = start + size  # never handed out again from this pool
         out = scope.pool[start:start + M * N].view(M, N)
-        if dtype != torch.bfloat16:
-            out = out.view(dtype)  # 2-byte zeros are +0.0 in fp16 too
-        counters.hit()
         rest = {k: v for k, v in kwargs.items() if k != "out"}
-        return inner(*args[:5], out=out, out_zeroed=True, **rest)
+        skipped_before = dispatch_counters.snapshot()["fast"]
+        result = inner(*args[:5], out=out, out_zeroed=True, **rest)
+        if dispatch_counters.snapshot()["fast"] > skipped_before:
+            counters.hit()  # the dispatcher's layer passed the promise on: asm at split > 1 skipped its memset
+        else:
+            counters.fallback(NOT_TAKEN)
+        return result
 
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle, inner)
 

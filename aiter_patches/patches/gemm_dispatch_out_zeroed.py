@@ -66,13 +66,15 @@ class _Promise:
 
 
 def _dispatcher_wrapper(inner, site):
+    import torch
+
     from .. import registry
 
     binder = site.binder
     counters = site.counters
 
     def gemm_a8w8_blockscale_bpreshuffle(*args, out_zeroed=False, **kwargs):
-        if not out_zeroed:
+        if not out_zeroed or torch.compiler.is_compiling():  # traced: the memset stays (no promise through Dynamo)
             return inner(*args, **kwargs)
         bound, problems = binder.bind(args, kwargs)
         if problems:  # AITER raises its own TypeError for the same call
@@ -101,10 +103,14 @@ def _dispatcher_wrapper(inner, site):
 
 
 def _asm_wrapper(inner, site):
+    import torch
+
     binder = site.binder
     takes_keyword = getattr(inner, "__aiter_patches__", None) == PRODUCER  # gemm_out_zeroed's layer under ours
 
     def gemm_a8w8_blockscale_bpreshuffle_asm(*args, **kwargs):
+        if torch.compiler.is_compiling():  # Dynamo cannot trace a context variable; nothing to forward there
+            return inner(*args, **kwargs)
         promise = _promise.get()
         if promise is None or promise.forwarded or not takes_keyword or "out_zeroed" in kwargs:
             return inner(*args, **kwargs)

@@ -243,3 +243,36 @@ def test_the_verify_check_passes_and_fails_when_it_must(sglang_tree, stub, devic
     monkeypatch.setattr(fold, "blocker", lambda *a: "a reason")  # the fold is not taken: the check must say so
     res = fold.check(device)
     assert not res.ok and "a reason" in res.detail
+
+
+def test_inside_a_compiled_region_nothing_is_folded(sglang_tree, stub, device, on, monkeypatch):
+    """Dynamo may trace the add and run the routed call eagerly (a graph break, a recompile limit): no scope there."""
+    from aiter_patches.integrations import compile_state
+
+    import_all(stub)
+    layer, x = make_layer(device)
+    with suspended():
+        ref = layer.forward_normal(x)
+    aiter_patches.apply()
+    monkeypatch.setattr(compile_state, "in_compiled_region", lambda: True)
+    out = layer.forward_normal(x)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    s = aiter_patches.stats()
+    assert s[NAME]["fast"] == 0 and s[NAME]["fallback"] == {compile_state.IN_COMPILED_REGION: 1}, s[NAME]
+    assert s["moe_addend_fold"]["fast"] == 0
+
+
+def test_traced_hooks_pass_straight_through(sglang_tree, stub, device, on, monkeypatch):
+    """While Dynamo traces, no hook reads its context variable or counts (neither traces): SGLang's code runs."""
+    from aiter_patches.integrations import compile_state
+
+    import_all(stub)
+    layer, x = make_layer(device)
+    with suspended():
+        ref = layer.forward_normal(x)
+    aiter_patches.apply()
+    monkeypatch.setattr(compile_state, "tracing", lambda: True)
+    out = layer.forward_normal(x)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    s = aiter_patches.stats()
+    assert s[NAME]["fast"] == 0 and s[NAME]["fallback"] == {} and s["moe_addend_fold"]["fast"] == 0

@@ -504,3 +504,112 @@ def test_gpu_cuda_graph_captures_the_fill(pool_tree, stub, tuned, launches, on):
         graph.replay()
         torch.cuda.synchronize()
         assert same(bits(captured), ref)
+
+
+class _Owner:
+    """A weak-referenceable stand-in for the model whose demand a direct pool scope learns."""
+
+
+def _direct_gemm(stub, tuned, device, M, N, K, dtype=torch.bfloat16, libtype="asm"):
+    A, Bs, A_s, B_s, _ = make_inputs(stub, M, N, K, device, seed=7)
+    tuned[(M, N, K)] = {"libtype": libtype, "splitK": 2, "kernelName": ""}
+    gemm = getattr(sys.modules[GEMM], "gemm_a8w8_blockscale_bpreshuffle")
+    return lambda: gemm(A, Bs, A_s.contiguous(), B_s, dtype)
+
+
+def test_torch_compile_traces_through_the_hooks(pool_tree, stub, tuned, launches, device, on, monkeypatch):
+    """SGLang's tc_piecewise backend compiles the model's forward with fullgraph=True: the hooks must trace."""
+    from aiter_patches.kernels import blockscale_gemm_splitk as kernel
+
+    def traceable(A, B, out, A_scale, B_scale, *, splits, zero_out=True, **kw):  # the interpreter does not trace
+        return out.copy_((A.float()[:, :1] * B.float()[:, 0]).to(out.dtype))
+
+    monkeypatch.setattr(kernel, "blockscale_gemm_splitk", traceable)
+    import_all()
+    M = 2
+    model, log, ref, shipped = reference(stub, device, M, tuned, launches)
+    aiter_patches.apply()
+    batch = types.SimpleNamespace(can_run_tbo=False, forward_mode=types.SimpleNamespace(is_idle=lambda: False))
+    ids, pos = torch.zeros(M, dtype=torch.long, device=device), torch.arange(M, device=device)
+    torch._dynamo.reset()
+    try:
+        for _ in range(2):
+            log.clear()
+            torch.compile(lambda: model.forward(ids, pos, batch), backend="eager", fullgraph=True)()
+            assert same(bits(log), ref)
+    finally:
+        torch._dynamo.reset()
+    s = aiter_patches.stats()[NAME]
+    assert s["fast"] == 0 and not s["fallback"]  # traced: as shipped, nothing counted from inside the trace
+
+
+def test_inside_a_compiled_region_no_pool_is_opened(pool_tree, stub, tuned, launches, device, on, monkeypatch):
+    from aiter_patches.integrations import compile_state
+
+    assert compile_state.in_compiled_region() is False
+    seen = []
+
+    def probe(x):
+        torch._dynamo.graph_break()
+        seen.append(compile_state.in_compiled_region())  # runs eagerly between two graphs
+        return x + 1
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(probe, backend="eager")(torch.ones(1))
+    finally:
+        torch._dynamo.reset()
+    assert seen == [True]
+    import_all()
+    M = 2
+    model, log, ref, shipped = reference(stub, device, M, tuned, launches)
+    aiter_patches.apply()
+    monkeypatch.setattr(compile_state, "in_compiled_region", lambda: True)
+    for _ in range(2):
+        launches.clear()
+        forward(model, M, device)
+        assert launches == shipped
+    assert aiter_patches.stats()[NAME]["fallback"] == {compile_state.IN_COMPILED_REGION: 2}
+
+
+def test_fp16_another_thread_and_large_m_keep_their_memset(pool_tree, stub, tuned, launches, device, on, monkeypatch):
+    import contextvars
+    import threading
+
+    import_all()
+    aiter_patches.apply()
+    monkeypatch.setattr(pool_mod, "MAX_M", 4)
+    owner = _Owner()
+    fp16 = _direct_gemm(stub, tuned, device, 2, 256, 512, dtype=torch.float16, libtype="ck")  # asm is bf16 only
+    large = _direct_gemm(stub, tuned, device, 5, 256, 512)
+    small = _direct_gemm(stub, tuned, device, 2, 128, 512)
+    for _ in range(2):
+        with pool_mod.pool_scope(owner, device, 2, 1 << 20):
+            with pytest.raises(RuntimeError, match="must be bfloat16"):  # the stand-in's kernels are bf16 only
+                fp16()
+            large()
+            ctx = contextvars.copy_context()
+            t = threading.Thread(target=ctx.run, args=(small,))
+            t.start()
+            t.join()
+    assert launches.count(("memset",)) == 4  # the large and the threaded GEMM, twice
+    fb = aiter_patches.stats()[NAME]["fallback"]
+    assert fb == {"output dtype torch.float16: AITER's asm kernel writes bf16 only (the memset stays with the kernel "
+                  "picked)": 2, "M 5 outside the pool's bound 1..4": 2,
+                  "another thread than the forward's (the scope's cursor is not shared across threads)": 2}, fb
+
+
+def test_a_slice_the_dispatcher_does_not_pass_on_is_not_counted_as_saved(pool_tree, stub, tuned, launches, device, on,
+                                                                         monkeypatch):
+    """A prediction that disagrees with the dispatcher (here: the CK-tuned shape) costs nothing and is counted."""
+    import_all()
+    M = 2
+    model, log, ref, shipped = reference(stub, device, M, tuned, launches)
+    aiter_patches.apply()
+    monkeypatch.setattr(pool_mod, "asm_split_reason", lambda M, N, K: None)
+    for _ in range(3):
+        log.clear()
+        forward(model, M, device)
+        assert same(bits(log), ref)
+    s = aiter_patches.stats()[NAME]
+    assert s["fast"] == 4 and s["fallback"][pool_mod.NOT_TAKEN] == 2, s
