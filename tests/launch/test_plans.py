@@ -13,6 +13,7 @@ the same plan), and no plan may hold a tensor, even one made during a (simulated
 from __future__ import annotations
 
 import gc
+import types
 
 import pytest
 import torch
@@ -166,6 +167,10 @@ def _tensors_reachable(roots, limit=20000) -> list:
         seen.add(id(o))
         if isinstance(o, torch.Tensor):
             found.append(o)
+            continue
+        if isinstance(o, types.FunctionType):  # a module's function (e.g. the GEMM's block_config): its
+            stack.extend(o.__closure__ or ())  # globals are the module's caches, not the plan's; a closure's cells are
+            stack.extend(o.__defaults__ or ())
             continue
         stack.extend(gc.get_referents(o))
     return found
