@@ -58,14 +58,15 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "compare": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL),
     # issue 16's candidates (--candidates): each decides one constant, see the table's notes
     "main": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024), DECODE_MAX_PAIRS=256, DECODE_COMPARE_MAX_PAIRS=0,
-                 DECODE_SORT_SELECT=False, DECODE_NUM_WARPS=0),  # the constants before issue 16's round
+                 DECODE_SORT_SELECT=False, DECODE_NUM_WARPS=0, COUNT_GATHER=False),  # the constants before issue 16's round
     "coarse": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024)),
     "sort-reload": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=False),
     "sort-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=8),
     "compare-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=8),
-    "compare-4k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=4096),
+    "compare-16k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=16384),
+    "old-onehot": dict(DECODE_MAX_PAIRS=0, COUNT_GATHER=False),
 }
-CANDIDATES = "main,coarse,old,sort,sort-reload,sort-8w,compare,compare-8w,compare-4k"
+CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,compare,compare-8w,compare-16k"
 
 
 @contextlib.contextmanager
@@ -216,7 +217,8 @@ def verdict(lines: list[str], heads: list[str], methods: list[str]) -> list[str]
     for a, b, what in (("sort", "sort-reload", "DECODE_SORT_SELECT True (sort) vs False (sort-reload)"),
                        ("sort-8w", "sort", "DECODE_NUM_WARPS 8 vs 0, sort"),
                        ("compare-8w", "compare", "DECODE_NUM_WARPS 8 vs 0, compare"),
-                       ("compare-4k", "compare", "DECODE_COMPARE_TILE 4096 vs the default"),
+                       ("compare-16k", "compare", "DECODE_COMPARE_TILE 16384 vs the default"),
+                       ("old", "old-onehot", "COUNT_GATHER True (old) vs False (old-onehot), the count"),
                        ("coarse", "main", "coarse buckets with this round's methods vs main")):
         if a in methods and b in methods:
             n, of = wins(a, b)

@@ -29,7 +29,8 @@ pair count padded to a power of two (``PAIRS_PAD``):
 Empty experts get no block, so nothing is ``E`` wide but the EP local-id prefix of
 ``expert_mask``, done only when a mask is given. ``DECODE_NUM_WARPS`` sets a decode launch's
 warps (0: those the row work picks). Above ``DECODE_MAX_PAIRS``, each program counts the pairs of
-every expert bin (one-hot sums or a histogram), which grows with ``E``.
+every expert bin (one-hot sums or a histogram), which grows with ``E``, and reads its own
+experts' segment starts with ``tl.gather`` (``COUNT_GATHER``; else one-hot sums).
 bench/bench_moe_sort_quant.py ``--candidates`` times every choice of these constants.
 
 Variants: every constexpr derived from the batch is chosen for the ceiling of the token count's
@@ -90,9 +91,10 @@ CHUNK_PAIRS = 512
 # power of two). bench/bench_moe_sort_quant.py --candidates times each choice (issue 16).
 DECODE_MAX_PAIRS = 1024  # the sort up to 64 tokens at topk 16 (above it the count, which grows with E)
 DECODE_COMPARE_MAX_PAIRS = 128  # packed one-tile comparison: ALU ~ pairs^2 / threads, no sort stages
-DECODE_COMPARE_TILE = 16384  # elements of a comparison tile ([CH, PAIRS_PAD]; one tile up to 128 pairs)
+DECODE_COMPARE_TILE = 4096  # elements of a comparison tile [CH, PAIRS_PAD] (16384: 754 SGPRs spilled on AMD at 128)
 DECODE_SORT_SELECT = True  # sort: own slots select their rows from the sorted vectors (else reload + count)
 DECODE_NUM_WARPS = 0  # warps of a decode-method launch (0: as the row work picks, 4 or 8)
+COUNT_GATHER = True  # per-program count: own experts' starts by tl.gather (else [K_PAD, E_BINS] one-hot sums)
 DECODE_MIN_PAIRS_PAD = 16  # fewer variants at tiny batches
 DECODE_TILE = 1024  # elements of the sort's reload-and-count tile (4096 spilled SGPRs on gfx950: bench/amd_spills_sort.py)
 TILE = 8192  # elements of a one-hot counting tile
@@ -371,7 +373,7 @@ def _sort_quant_kernel(
     PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr, QG: tl.constexpr,
     COMPACT_SCALES: tl.constexpr,
     DECODE: tl.constexpr, PAIRS_PAD: tl.constexpr, PAIRS_BITS: tl.constexpr, CMP_CHUNK: tl.constexpr,
-    SORT_SELECT: tl.constexpr,
+    SORT_SELECT: tl.constexpr, COUNT_GATHER: tl.constexpr,
 ):
     t = tl.program_id(0)
     cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
@@ -460,10 +462,15 @@ def _sort_quant_kernel(
         if (t == 0) & (cs == 0):
             tl.store(nv_ptr, tl.sum(padded, 0))
             tl.store(nv_ptr + 1, _token_count_as_given(nlt_ptr, M, HAS_NLT))
-        onehot = eq[:, None] == bins[None, :]
-        base = tl.sum(tl.where(onehot, seg_start[None, :], 0), axis=1)
-        lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
-        cnt_q = tl.sum(tl.where(onehot, cnt[None, :], 0), axis=1)
+        if COUNT_GATHER:  # eq < E_BINS always (dropped pairs: the empty bin E_BINS - 1)
+            base = tl.gather(seg_start, eq, 0)
+            lid = tl.gather(local_id, eq, 0)
+            cnt_q = tl.gather(cnt, eq, 0)
+        else:  # one-hot sums over [K_PAD, E_BINS]
+            onehot = eq[:, None] == bins[None, :]
+            base = tl.sum(tl.where(onehot, seg_start[None, :], 0), axis=1)
+            lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
+            cnt_q = tl.sum(tl.where(onehot, cnt[None, :], 0), axis=1)
         earlier = (eq[None, :] == eq[:, None]) & (slot[None, :] < slot[:, None]) & keep_q[None, :]
         rank = before + tl.sum(earlier.to(tl.int32), axis=1)
         pos = base + rank
@@ -740,8 +747,8 @@ _plans: dict[tuple, "_SortPlan"] = {}
 def _tunables() -> tuple:
     """The module constants a plan is derived from (benchmarks and tests change them)."""
     return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_COMPARE_MAX_PAIRS,
-            DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, DECODE_MIN_PAIRS_PAD, DECODE_TILE, TILE,
-            ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
+            DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
+            DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             SCALE_TILE_BYTES, QUANT_GROUPS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
 
@@ -888,8 +895,9 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
     out = dict(DECODE=decode, PAIRS_PAD=pp, PAIRS_BITS=pp.bit_length() - 1, CMP_CHUNK=ch, SORT_SELECT=select,
                warps=DECODE_NUM_WARPS if decode else 0)
     if prescanned or decode:
-        return dict(out, COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2)
-    return dict(out, **_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)))
+        return dict(out, COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2, COUNT_GATHER=False)
+    return dict(out, **_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)),
+                COUNT_GATHER=COUNT_GATHER)
 
 
 def decode_path(num_tokens: int, topk: int) -> str:

@@ -240,7 +240,8 @@ def test_row_quantized_in_group_tiles(monkeypatch, groups):
 
 
 DECODE_PATHS = {  # module constants that force each one-launch position method (name: path-variant)
-    "count": dict(DECODE_MAX_PAIRS=0),
+    "count": dict(DECODE_MAX_PAIRS=0, COUNT_GATHER=True),
+    "count-onehot": dict(DECODE_MAX_PAIRS=0, COUNT_GATHER=False),
     "compare": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=16384),
     "compare-tiled": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=64),
     "sort": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=True),
@@ -285,7 +286,7 @@ def test_decode_paths_adversarial(monkeypatch, path):
     check(res, ids, w, 896, 64, x=x, qd=FP8, mask=mask, nlt=nlt, semantics="fused")
 
 
-@pytest.mark.parametrize("path", [m for m in METHODS if m != "count"])
+@pytest.mark.parametrize("path", [m for m in METHODS if not m.startswith("count")])
 def test_decode_paths_sizes(monkeypatch, path):
     """Segments that straddle block edges (skewed routing: long runs of one expert), a batch whose
     pairs are not a power of two, topk 1, no token at all (num_local_tokens 0) and
