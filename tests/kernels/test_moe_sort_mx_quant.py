@@ -470,7 +470,7 @@ def test_gpu_cuda_graph_capture():
 @pytest.mark.parametrize("M", [1, 2, 5, 8, 16, 33, 64])
 def test_gpu_decode_paths(monkeypatch, path, M):
     """Each decode method at (896, 16, 3584) and (256, 8, 7168), adversarial routing, EP and local tokens."""
-    if path == "compare" and M * 16 > 512:
+    if path.startswith("compare") and M * 16 > 512:
         pytest.skip("the comparison is meant for a handful of tokens")
     force_path(monkeypatch, path, M, 16)
     ids, w = dup_routing(M, 16, 896, seed=M)
