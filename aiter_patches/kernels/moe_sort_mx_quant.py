@@ -314,16 +314,20 @@ def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS: tl.co
         # (row, padding) out of the sorted vectors in one [K_PAD, PP] select-and-sum, no reload
         src = ks & (PP - 1)
         got = tl.sum(tl.where(src[None, :] == q[:, None], (row | (pad << 24))[None, :], 0), axis=1)
-        return got & 0xFFFFFF, got >> 24, total
-    # this token's pairs' sorted indices: keys below theirs, counted in [K_PAD, CH] tiles
-    key_q = tl.where(keep_q, (eq << PB) | q, 0)
-    sidx = tl.zeros(eq.shape, tl.int32)
-    for c in range(0, PP, CH):
-        kc = c + tl.arange(0, CH)
-        ec, _ = _expert_bins(ids_ptr, mask_ptr, kc, P, E, E_BINS, HAS_MASK)
-        sidx += tl.sum((((ec << PB) | kc)[None, :] < key_q[:, None]).to(tl.int32), axis=1)
-    sidx = tl.minimum(sidx, PP - 1)
-    return tl.gather(row, sidx, 0), tl.gather(pad, sidx, 0), total
+        pos = got & 0xFFFFFF
+        fill = got >> 24
+    else:
+        # this token's pairs' sorted indices: keys below theirs, counted in [K_PAD, CH] tiles
+        key_q = tl.where(keep_q, (eq << PB) | q, 0)
+        sidx = tl.zeros(eq.shape, tl.int32)
+        for c in range(0, PP, CH):
+            kc = c + tl.arange(0, CH)
+            ec, _ = _expert_bins(ids_ptr, mask_ptr, kc, P, E, E_BINS, HAS_MASK)
+            sidx += tl.sum((((ec << PB) | kc)[None, :] < key_q[:, None]).to(tl.int32), axis=1)
+        sidx = tl.minimum(sidx, PP - 1)
+        pos = tl.gather(row, sidx, 0)
+        fill = tl.gather(pad, sidx, 0)
+    return pos, fill, total
 
 
 @triton.jit
