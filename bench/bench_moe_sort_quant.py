@@ -53,20 +53,22 @@ FP4 = torch.float4_e2m1fn_x2
 DEV = "cuda"  # tests run the whole table on CPU (interpreter) with graph_us replaced
 _ALL = kernel.ONE_LAUNCH_MAX_PAIRS
 FORCED = {  # module constants per measured method (the rest as configured)
-    "old": dict(DECODE_MAX_PAIRS=0),
+    "old": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0),
     "sort": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0),
+    "sort-16w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=16),
     "compare": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL),
     # issue 16's candidates (--candidates): each decides one constant, see the table's notes
-    "main": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024), DECODE_MAX_PAIRS=256, DECODE_COMPARE_MAX_PAIRS=0,
+    "main": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024), DECODE_MAX_PAIRS=256, DECODE_PAIRS_PER_BIN=0,
+                 DECODE_COMPARE_MAX_PAIRS=0,
                  DECODE_SORT_SELECT=False, DECODE_NUM_WARPS=0, COUNT_GATHER=False),  # the constants before issue 16's round
     "coarse": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024)),
     "sort-reload": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=False),
     "sort-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=8),
     "compare-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=8),
     "compare-16k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=16384),
-    "old-onehot": dict(DECODE_MAX_PAIRS=0, COUNT_GATHER=False),
+    "old-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
 }
-CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,compare,compare-8w,compare-16k"
+CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k"
 
 
 @contextlib.contextmanager
@@ -118,7 +120,7 @@ class Row:
         M, K, E, N = self.M, self.K, self.E, self.N
         g_pad = kernel._next_pow2(N // 32) if quant else 1
         batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
-        return kernel.decode_path(M, K), quant, tuple(sorted(batch.items()))
+        return kernel.decode_path(M, K, E), quant, tuple(sorted(batch.items()))
 
     def pairs_pad(self) -> int:
         """The decode methods' padded pair count for this row (0 on the other paths)."""
@@ -216,6 +218,7 @@ def verdict(lines: list[str], heads: list[str], methods: list[str]) -> list[str]
 
     for a, b, what in (("sort", "sort-reload", "DECODE_SORT_SELECT True (sort) vs False (sort-reload)"),
                        ("sort-8w", "sort", "DECODE_NUM_WARPS 8 vs 0, sort"),
+                       ("sort-16w", "sort", "DECODE_NUM_WARPS 16 vs 0, sort"),
                        ("compare-8w", "compare", "DECODE_NUM_WARPS 8 vs 0, compare"),
                        ("compare-16k", "compare", "DECODE_COMPARE_TILE 16384 vs the default"),
                        ("old", "old-onehot", "COUNT_GATHER True (old) vs False (old-onehot), the count"),
@@ -295,7 +298,8 @@ def main():
     header = [
         f"<!-- Produced by: {command}",
         f"     torch {torch.__version__}, Triton {__import__('triton').__version__}, {wall:.0f} s wall."
-        f" Kernel constants: DECODE_MAX_PAIRS {kernel.DECODE_MAX_PAIRS}, DECODE_COMPARE_MAX_PAIRS "
+        f" Kernel constants: DECODE_MAX_PAIRS {kernel.DECODE_MAX_PAIRS}, DECODE_PAIRS_PER_BIN "
+        f"{kernel.DECODE_PAIRS_PER_BIN}, DECODE_COMPARE_MAX_PAIRS "
         f"{kernel.DECODE_COMPARE_MAX_PAIRS}, DECODE_COMPARE_TILE {kernel.DECODE_COMPARE_TILE}, DECODE_SORT_SELECT "
         f"{kernel.DECODE_SORT_SELECT}, DECODE_NUM_WARPS {kernel.DECODE_NUM_WARPS}, TOKEN_BUCKETS "
         f"{kernel.TOKEN_BUCKETS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}. -->",

@@ -9,8 +9,9 @@ before its token, and writes its ``topk`` entries of ``sorted_ids``/``sorted_wei
 e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row and its
 ``moe_buf`` row. No program waits for another.
 
-Decode (a token bucket whose ceiling has at most ``DECODE_MAX_PAIRS`` pairs) costs nothing per
-expert: each program works on all pairs itself, and its cost is one program's latency (every
+Decode (a token bucket whose ceiling has at most ``DECODE_MAX_PAIRS`` pairs, or
+``DECODE_PAIRS_PER_BIN`` per expert bin where that is more: the count below grows with ``E``)
+costs nothing per expert: each program works on all pairs itself, and its cost is one program's latency (every
 program repeats it: no program waits for another). Two methods, judged on the bucket ceiling's
 pair count padded to a power of two (``PAIRS_PAD``):
 
@@ -28,7 +29,7 @@ pair count padded to a power of two (``PAIRS_PAD``):
 
 Empty experts get no block, so nothing is ``E`` wide but the EP local-id prefix of
 ``expert_mask``, done only when a mask is given. ``DECODE_NUM_WARPS`` sets a decode launch's
-warps (0: those the row work picks). Above ``DECODE_MAX_PAIRS``, each program counts the pairs of
+warps (0: those the row work picks). Above that, each program counts the pairs of
 every expert bin (one-hot sums or a histogram), which grows with ``E``, and reads its own
 experts' segment starts with ``tl.gather`` (``COUNT_GATHER``; else one-hot sums).
 bench/bench_moe_sort_quant.py ``--candidates`` times every choice of these constants.
@@ -89,7 +90,8 @@ CHUNK_PAIRS = 512
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
 # (padded) pairs, by tl.sort above; 0 turns either off. Judged on the bucket's ceiling (padded to a
 # power of two). bench/bench_moe_sort_quant.py --candidates times each choice (issue 16).
-DECODE_MAX_PAIRS = 1024  # the sort up to 64 tokens at topk 16 (above it the count, which grows with E)
+DECODE_MAX_PAIRS = 512  # decode methods up to max(this, DECODE_PAIRS_PER_BIN x E_BINS) pairs
+DECODE_PAIRS_PER_BIN = 1  # the count grows with E: at 896 experts (1024 bins) the sort to 64 tokens x topk 16
 DECODE_COMPARE_MAX_PAIRS = 128  # packed one-tile comparison: ALU ~ pairs^2 / threads, no sort stages
 DECODE_COMPARE_TILE = 4096  # elements of a comparison tile [CH, PAIRS_PAD] (16384: 754 SGPRs spilled on AMD at 128)
 DECODE_SORT_SELECT = True  # sort: own slots select their rows from the sorted vectors (else reload + count)
@@ -750,8 +752,8 @@ _plans: dict[tuple, "_SortPlan"] = {}
 
 def _tunables() -> tuple:
     """The module constants a plan is derived from (benchmarks and tests change them)."""
-    return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_COMPARE_MAX_PAIRS,
-            DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
+    return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
+            DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             SCALE_TILE_BYTES, QUANT_GROUPS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
@@ -886,7 +888,7 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
     decode sort or comparison (up to ``DECODE_MAX_PAIRS`` pairs), or the per-program expert count;
     parameters a path does not read stay fixed, so they never cause a recompile."""
     decode, pp = 0, 1
-    if not prescanned and pairs <= DECODE_MAX_PAIRS:
+    if not prescanned and pairs <= max(DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN * e_bins):
         pp = max(_next_pow2(pairs), DECODE_MIN_PAIRS_PAD)
         decode = 2 if pp <= DECODE_COMPARE_MAX_PAIRS else 1
     select = decode == 1 and DECODE_SORT_SELECT
@@ -904,14 +906,14 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
                 COUNT_GATHER=COUNT_GATHER)
 
 
-def decode_path(num_tokens: int, topk: int) -> str:
+def decode_path(num_tokens: int, topk: int, num_experts: int = 1) -> str:
     """Which one-launch position method a call of this size takes (chosen for its token bucket):
     "sort", "compare", "count" (per-program expert count over all bins) or "prescanned" (four
     launches)."""
     if _prescanned(num_tokens, topk):
         return "prescanned"
     pairs_b = _bucket_tokens(num_tokens, topk) * topk
-    return ("count", "sort", "compare")[_sort_params(pairs_b, 2, 1, False)["DECODE"]]
+    return ("count", "sort", "compare")[_sort_params(pairs_b, _next_pow2(num_experts + 1), 1, False)["DECODE"]]
 
 
 def _count_params(pairs: int, e_bins: int) -> dict:

@@ -240,8 +240,8 @@ def test_row_quantized_in_group_tiles(monkeypatch, groups):
 
 
 DECODE_PATHS = {  # module constants that force each one-launch position method (name: path-variant)
-    "count": dict(DECODE_MAX_PAIRS=0, COUNT_GATHER=True),
-    "count-onehot": dict(DECODE_MAX_PAIRS=0, COUNT_GATHER=False),
+    "count": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=True),
+    "count-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
     "compare": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=16384),
     "compare-tiled": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=64),
     "sort": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=True),
@@ -352,7 +352,22 @@ def test_decode_path_choice(monkeypatch):
         "compare", "compare", "sort", "sort", "count", "count", "prescanned"]
     assert k.decode_path(0, 8) == "compare"
     monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 0)
+    monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 0)
     assert k.decode_path(1, 8) == "count"
+
+
+def test_decode_threshold_grows_with_expert_bins(monkeypatch):
+    """The count's work grows with E, the decode methods' does not: with DECODE_PAIRS_PER_BIN
+    they also take buckets of up to that many pairs per expert bin."""
+    monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 512)
+    monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 1)
+    monkeypatch.setattr(k, "DECODE_COMPARE_MAX_PAIRS", 0)
+    # 64 tokens x topk 16: 1024 pairs; bins: the next power of two above E
+    assert [k.decode_path(64, 16, E) for E in (128, 511, 512, 896)] == ["count", "count", "sort", "sort"]
+    assert k.decode_path(64, 8, 128) == "sort" and k.decode_path(33, 16, 896) == "sort"  # 512; 1024 pairs
+    assert k.decode_path(65, 8, 896) == "count"  # 2048 pairs
+    monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 0)
+    assert k.decode_path(64, 16, 896) == "count"
 
 
 def test_unsupported_reason_reads_metadata_only():
