@@ -95,12 +95,13 @@ def main():
     print("| variant | arch | experts | topk | hidden | tokens | path | VGPRs | SGPRs | SGPR spills "
           "| VGPR spills | scratch B | LDS B |")
     print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    default_max = k.DECODE_MAX_PAIRS
+    default_max, default_per_bin = k.DECODE_MAX_PAIRS, k.DECODE_PAIRS_PER_BIN
     for variant in args.variants.split(","):
         k.DECODE_MAX_PAIRS = default_max if variant == "new" else 0
+        k.DECODE_PAIRS_PER_BIN = default_per_bin if variant == "new" else 0
         for E, K, N in MODELS:
             for M in map(int, args.tokens.split(",")):
-                path = k.decode_path(M, K)
+                path = k.decode_path(M, K, E)
                 if path == "prescanned":  # four launches, not the one-launch methods compared here
                     continue
                 fn, a, kw = captured_launch(E, K, N, M, mask=args.mask)
@@ -108,7 +109,7 @@ def main():
                     s = compile_stats(fn, a, kw, arch)
                     print(f"| {variant} | {arch} | {E} | {K} | {N} | {M} | {path} | {s['vgpr']} | {s['sgpr']} "
                           f"| {s['sgpr_spill']} | {s['vgpr_spill']} | {s['scratch']} | {s['lds']} |", flush=True)
-    k.DECODE_MAX_PAIRS = default_max
+    k.DECODE_MAX_PAIRS, k.DECODE_PAIRS_PER_BIN = default_max, default_per_bin
 
 
 if __name__ == "__main__":

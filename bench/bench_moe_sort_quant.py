@@ -51,12 +51,24 @@ BLOCK = 32
 SETS = 3
 FP4 = torch.float4_e2m1fn_x2
 DEV = "cuda"  # tests run the whole table on CPU (interpreter) with graph_us replaced
-FORCED = {  # module constants per measured method
-    "old": dict(DECODE_MAX_PAIRS=0),
-    "sort": dict(DECODE_MAX_PAIRS=kernel.ONE_LAUNCH_MAX_PAIRS, DECODE_COMPARE_MAX_PAIRS=0),
-    "compare": dict(DECODE_MAX_PAIRS=kernel.ONE_LAUNCH_MAX_PAIRS,
-                    DECODE_COMPARE_MAX_PAIRS=kernel.ONE_LAUNCH_MAX_PAIRS),
+_ALL = kernel.ONE_LAUNCH_MAX_PAIRS
+FORCED = {  # module constants per measured method (the rest as configured)
+    "old": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0),
+    "sort": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0),
+    "sort-16w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=16),
+    "compare": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL),
+    # issue 16's candidates (--candidates): each decides one constant, see the table's notes
+    "main": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024), DECODE_MAX_PAIRS=256, DECODE_PAIRS_PER_BIN=0,
+                 DECODE_COMPARE_MAX_PAIRS=0,
+                 DECODE_SORT_SELECT=False, DECODE_NUM_WARPS=0, COUNT_GATHER=False),  # the constants before issue 16's round
+    "coarse": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024)),
+    "sort-reload": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=False),
+    "sort-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=8),
+    "compare-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=8),
+    "compare-16k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=16384),
+    "old-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
 }
+CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k"
 
 
 @contextlib.contextmanager
@@ -102,10 +114,24 @@ class Row:
         self.timer = timer
         self._seen: dict[tuple[str, bool], float] = {}
 
+    def variant(self, quant: bool) -> tuple:
+        """What the module constants choose for this row (the launch's batch-derived constexprs,
+        grid split and warps): candidates that choose the same are timed once."""
+        M, K, E, N = self.M, self.K, self.E, self.N
+        g_pad = kernel._next_pow2(N // 32) if quant else 1
+        batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
+        return kernel.decode_path(M, K, E), quant, tuple(sorted(batch.items()))
+
+    def pairs_pad(self) -> int:
+        """The decode methods' padded pair count for this row (0 on the other paths)."""
+        batch = kernel._batch_params(self.M, self.K, kernel._next_pow2(self.E + 1), kernel._next_pow2(self.K),
+                                     1, False, self.N)
+        return batch["PAIRS_PAD"] if batch["DECODE"] else 0
+
     def patched(self, values: dict, quant: bool) -> tuple[str, float]:
         with constants(values):
-            path = kernel.decode_path(self.M, self.K)
-            key = (path, quant)
+            key = self.variant(quant)
+            path = key[0]
             if key not in self._seen:
                 def call(i):
                     ids, w, x = self.sets[i % SETS]
@@ -155,14 +181,52 @@ def row_cells(row: Row, methods, compare_max_pairs: int, ops, bandwidth: float) 
     path, t_new = row.patched({}, True)
     cells = [str(E), str(K), str(N), str(M), path, _fmt(t_new)]
     for m in methods:
-        skip = m == "compare" and M * K > compare_max_pairs
+        skip = m.startswith("compare") and M * K > compare_max_pairs
         cells.append("–" if skip else _fmt(row.patched(FORCED[m], True)[1]))
     cells += [_fmt(row.patched({}, False)[1]), _fmt(row.patched(FORCED["old"], False)[1])]
     if ops is not None:
         t_chain, t_quant = row.aiter(ops)
         cells += [_fmt(t_chain), _fmt(t_quant), f"{t_chain / max(t_new, 1e-9):.1f}x"]
     cells.append(_fmt(row.byte_floor_us(bandwidth)))
+    with constants(FORCED["sort"]):
+        cells.append(str(row.pairs_pad()))
     return cells
+
+
+def verdict(lines: list[str], heads: list[str], methods: list[str]) -> list[str]:
+    """Which constant each candidate column decides, read off the table: per padded pair count
+    (the forced methods' ``PAIRS_PAD``), the fastest forced method in most rows."""
+    col = {h: i for i, h in enumerate(heads)}
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    need = [m for m in ("compare", "sort", "old") if m in methods]
+    if len(need) < 2:
+        return []
+    by_pp: dict[int, list[str]] = {}
+    for r in rows:
+        pp = int(r[col["pairs pad"]])
+        times = {m: float(r[col[f"{m} us"]]) for m in need if r[col[f"{m} us"]] != "–"}
+        if pp and times:
+            by_pp.setdefault(pp, []).append(min(times, key=times.get))
+    out = ["", "Fastest forced method per padded pair count (rows won): "
+           + "; ".join(f"{pp}: " + ", ".join(f"{m} {v.count(m)}" for m in need if v.count(m))
+                       for pp, v in sorted(by_pp.items())) + "."]
+
+    def wins(a, b):  # rows where column a is faster than column b, of rows timing both
+        both = [(float(r[col[f"{a} us"]]), float(r[col[f"{b} us"]])) for r in rows
+                if r[col[f"{a} us"]] != "–" and r[col[f"{b} us"]] != "–"]
+        return sum(x < y for x, y in both), len(both)
+
+    for a, b, what in (("sort", "sort-reload", "DECODE_SORT_SELECT True (sort) vs False (sort-reload)"),
+                       ("sort-8w", "sort", "DECODE_NUM_WARPS 8 vs 0, sort"),
+                       ("sort-16w", "sort", "DECODE_NUM_WARPS 16 vs 0, sort"),
+                       ("compare-8w", "compare", "DECODE_NUM_WARPS 8 vs 0, compare"),
+                       ("compare-16k", "compare", "DECODE_COMPARE_TILE 16384 vs the default"),
+                       ("old", "old-onehot", "COUNT_GATHER True (old) vs False (old-onehot), the count"),
+                       ("coarse", "main", "coarse buckets with this round's methods vs main")):
+        if a in methods and b in methods:
+            n, of = wins(a, b)
+            out.append(f"`{a}` faster than `{b}` in {n} of {of} rows ({what}).")
+    return out
 
 
 def _warm(job):
@@ -185,6 +249,8 @@ def main():
                     help="folder with AITER's aiter/ package (or aiter/ops/triton); default $AITER_SRC; "
                          "without it the AITER columns are left out")
     ap.add_argument("--methods", default="old,sort,compare", help="forced methods to time besides `new`")
+    ap.add_argument("--candidates", action="store_true",
+                    help=f"time issue 16's candidate constants (--methods {CANDIDATES}) and add a verdict")
     ap.add_argument("--compare-max-pairs", type=int, default=512,
                     help="time the forced comparison only up to this many routing pairs")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
@@ -200,7 +266,7 @@ def main():
         from bench import aiter_triton
 
         ops = aiter_triton.load(args.aiter_src)
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in (CANDIDATES if args.candidates else args.methods).split(",") if m]
     models = MODELS if args.models == "all" else [MODELS[int(i)] for i in args.models.split(",")]
     tokens = [int(t) for t in args.tokens.split(",")] + (PREFILL if args.prefill else [])
     floor_us = harness.launch_floor_us()
@@ -210,7 +276,7 @@ def main():
     heads += ["sort+zero new us", "sort+zero old us"]
     if ops is not None:
         heads += ["AITER chain us", "AITER quant us", "AITER chain / new"]
-    heads += ["byte floor us"]
+    heads += ["byte floor us", "pairs pad"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---:|" * len(heads)]
     print(lines[0], flush=True)
     shapes = [(E, K, N, M) for E, K, N in models for M in tokens]
@@ -226,13 +292,17 @@ def main():
         lines.append("| " + " | ".join(row_cells(row, methods, args.compare_max_pairs, ops, bandwidth)) + " |")
         print(lines[-1], flush=True)
         del row
+    notes = verdict(lines, heads, methods)
     wall = time.time() - t_start
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     header = [
         f"<!-- Produced by: {command}",
         f"     torch {torch.__version__}, Triton {__import__('triton').__version__}, {wall:.0f} s wall."
-        f" Kernel constants: DECODE_MAX_PAIRS {kernel.DECODE_MAX_PAIRS}, DECODE_COMPARE_MAX_PAIRS "
-        f"{kernel.DECODE_COMPARE_MAX_PAIRS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}. -->",
+        f" Kernel constants: DECODE_MAX_PAIRS {kernel.DECODE_MAX_PAIRS}, DECODE_PAIRS_PER_BIN "
+        f"{kernel.DECODE_PAIRS_PER_BIN}, DECODE_COMPARE_MAX_PAIRS "
+        f"{kernel.DECODE_COMPARE_MAX_PAIRS}, DECODE_COMPARE_TILE {kernel.DECODE_COMPARE_TILE}, DECODE_SORT_SELECT "
+        f"{kernel.DECODE_SORT_SELECT}, DECODE_NUM_WARPS {kernel.DECODE_NUM_WARPS}, TOKEN_BUCKETS "
+        f"{kernel.TOKEN_BUCKETS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}. -->",
         "",
         f"# MoE sort + zero + MXFP4 quant on {harness.gpu_name()}",
         "",
@@ -240,11 +310,14 @@ def main():
         f"{floor_us:.2f} us; copy bandwidth {bandwidth / 1e9:.0f} GB/s. `new`: the kernel as configured, "
         "`path` the method it took; `old`: DECODE_MAX_PAIRS = 0 (per-program expert count); `sort`, "
         "`compare`: that decode method forced; `sort+zero`: no quant. AITER chain: AITER's Triton "
-        "aligner + id conversion + moe_buf zero + Triton MXFP4 sort-quant (timed, bytes not compared).",
+        "aligner + id conversion + moe_buf zero + Triton MXFP4 sort-quant (timed, bytes not compared). "
+        "`pairs pad`: the decode methods' padded pair count (`PAIRS_PAD`, from the token bucket's ceiling; "
+        "0: not a decode row). Candidates (module constants, the rest as configured): "
+        + "; ".join(f"`{m}`: " + ", ".join(f"{k} = {v}" for k, v in FORCED[m].items()) for m in methods) + ".",
         "",
     ]
     with open(args.out, "w") as f:
-        f.write("\n".join(header + lines) + "\n")
+        f.write("\n".join(header + lines + notes) + "\n")
     print(f"wrote {args.out} in {wall:.0f} s")
 
 

@@ -9,15 +9,30 @@ before its token, and writes its ``topk`` entries of ``sorted_ids``/``sorted_wei
 e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row and its
 ``moe_buf`` row. No program waits for another.
 
-Decode (a token bucket whose ceiling has at most ``DECODE_MAX_PAIRS`` pairs) costs nothing per
-expert: each program sorts all pairs by ``(expert << bits) | pair`` with ``tl.sort`` (or, up to
-``DECODE_COMPARE_MAX_PAIRS``, compares every pair with every other) and reads segment starts
-and last pairs from adjacent differences of the sorted experts. Segments start at multiples of
-the block size, so a pair's row is its sorted index plus the padding of the segments before it.
-Only empty experts would need an ``E``-wide pass, and they get no block; the one ``E``-wide
-step left is the EP local-id prefix of ``expert_mask``, done only when a mask is given. Above
-that, each program counts the pairs of every expert bin (one-hot sums or a histogram), which
-grows with ``E``.
+Decode (a token bucket whose ceiling has at most ``DECODE_MAX_PAIRS`` pairs, or
+``DECODE_PAIRS_PER_BIN`` per expert bin where that is more: the count below grows with ``E``)
+costs nothing per expert: each program works on all pairs itself, and its cost is one program's latency (every
+program repeats it: no program waits for another). Two methods, judged on the bucket ceiling's
+pair count padded to a power of two (``PAIRS_PAD``):
+
+* compare (up to ``DECODE_COMPARE_MAX_PAIRS``): every pair against every other in
+  ``[CH, PAIRS_PAD]`` tiles (one tile up to ``DECODE_COMPARE_TILE`` elements), two reductions
+  per tile that each sum packed fields: per pair its expert's count and later pairs (so its
+  padding, on its expert's last pair), then per own slot the rows before it and its padding.
+  No sort stages, no ``E``; ALU grows with the pairs squared.
+* sort: ``tl.sort`` of all pairs by ``(expert << bits) | pair``; segment starts and last pairs
+  from adjacent differences of the sorted experts; segments start at multiples of the block
+  size, so a pair's row is its sorted index plus the padding of the segments before it. A
+  program's own slots then take their row and padding from the sorted vectors by one
+  select (``DECODE_SORT_SELECT``; a sorted key's low bits name its pair), or by counting the
+  keys below theirs over reloaded ids.
+
+Empty experts get no block, so nothing is ``E`` wide but the EP local-id prefix of
+``expert_mask``, done only when a mask is given. ``DECODE_NUM_WARPS`` sets a decode launch's
+warps (0: those the row work picks). Above that, each program counts the pairs of
+every expert bin (one-hot sums or a histogram), which grows with ``E``, and reads its own
+experts' segment starts with ``tl.gather`` (``COUNT_GATHER``; else one-hot sums).
+bench/bench_moe_sort_quant.py ``--candidates`` times every choice of these constants.
 
 Variants: every constexpr derived from the batch is chosen for the ceiling of the token count's
 bucket (``TOKEN_BUCKETS``, ``_batch_params``), the token count and the block size are runtime
@@ -73,11 +88,17 @@ FUSED_QUANT_MAX_PAIRS = contract.STAGE1_FUSED_MAX_PAIRS  # AITER fuses the stage
 CHUNK_PAIRS = 512
 # Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
-# (padded) pairs, by tl.sort above; 0 turns either off (bench/bench_moe_sort_quant.py compares).
-DECODE_MAX_PAIRS = 256  # H200 (docs/bench/moe_sort_quant_h200.md): the sort beats the count up to 256 pairs
-DECODE_COMPARE_MAX_PAIRS = 0  # the comparison never beat the sort on the H200 (same table): off
+# (padded) pairs, by tl.sort above; 0 turns either off. Judged on the bucket's ceiling (padded to a
+# power of two). bench/bench_moe_sort_quant.py --candidates times each choice (issue 16).
+DECODE_MAX_PAIRS = 512  # decode methods up to max(this, DECODE_PAIRS_PER_BIN x E_BINS) pairs
+DECODE_PAIRS_PER_BIN = 1  # the count grows with E: at 896 experts (1024 bins) the sort to 64 tokens x topk 16
+DECODE_COMPARE_MAX_PAIRS = 128  # packed one-tile comparison: ALU ~ pairs^2 / threads, no sort stages
+DECODE_COMPARE_TILE = 4096  # elements of a comparison tile [CH, PAIRS_PAD] (16384: 754 SGPRs spilled on AMD at 128)
+DECODE_SORT_SELECT = True  # sort: own slots select their rows from the sorted vectors (else reload + count)
+DECODE_NUM_WARPS = 0  # warps of a decode-method launch (0: as the row work picks, 4 or 8)
+COUNT_GATHER = True  # per-program count: own experts' starts by tl.gather (else [K_PAD, E_BINS] one-hot sums)
 DECODE_MIN_PAIRS_PAD = 16  # fewer variants at tiny batches
-DECODE_TILE = 1024  # elements of a comparison tile (4096 spilled SGPRs on gfx950: bench/amd_spills_sort.py)
+DECODE_TILE = 1024  # elements of the sort's reload-and-count tile (4096 spilled SGPRs on gfx950: bench/amd_spills_sort.py)
 TILE = 8192  # elements of a one-hot counting tile
 ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until about this many
 MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_quant.py tunes these)
@@ -87,7 +108,7 @@ QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups 
 # Token-count buckets: every constexpr the launch derives from the batch comes from the ceiling of
 # the token count's bucket (``_batch_params``), so one model configuration compiles a fixed few
 # variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
-TOKEN_BUCKETS = (4, 16, 64, 256, 1024)
+TOKEN_BUCKETS = (4, 8, 16, 32, 64, 256, 1024)
 MAX_EXPERTS = 2048
 MAX_BLOCK = 128  # block sizes 16..128 (powers of two) are a runtime argument
 PAD_STEP = 16  # padding is written in [K_PAD, PAD_STEP] tiles, BLOCK // PAD_STEP of them (a runtime loop)
@@ -268,15 +289,19 @@ def _max_combine(a, b):
 
 @triton.jit
 def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS: tl.constexpr,
-                    HAS_MASK: tl.constexpr, PP: tl.constexpr, PB: tl.constexpr, CH: tl.constexpr):
+                    HAS_MASK: tl.constexpr, PP: tl.constexpr, PB: tl.constexpr, CH: tl.constexpr,
+                    SELECT: tl.constexpr):
     """Sorted positions and segment padding of this token's pairs from a sort of all ``P <= PP``
     pairs by (expert, index): nothing is ``E`` wide. Returns ``(pos, fill, total)``: each pair's
     row in ``sorted_ids``, the padding rows after it (nonzero only for its expert's last pair)
-    and the padded length ``num_valid_ids[0]``."""
+    and the padded length ``num_valid_ids[0]``. Rows and padding reach this token's slots by a
+    select over the sorted vectors (``SELECT``) or by counting the keys below each slot's key
+    (``[K_PAD, CH]`` tiles of reloaded ids)."""
     i = tl.arange(0, PP)
     e, keep = _expert_bins(ids_ptr, mask_ptr, i, P, E, E_BINS, HAS_MASK)
     key = (e << PB) | i  # unique; dropped pairs (bin E_BINS - 1 >= E) sort last
-    es = tl.sort(key) >> PB
+    ks = tl.sort(key)
+    es = ks >> PB
     start = (i == 0) | (tl.gather(es, tl.maximum(i - 1, 0), 0) != es)
     end = (i == PP - 1) | (tl.gather(es, tl.minimum(i + 1, PP - 1), 0) != es)
     run_start = tl.associative_scan(tl.where(start, i, 0), 0, _max_combine)
@@ -286,42 +311,53 @@ def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS: tl.co
     pad = tl.where(end & (es < E), (run_start - i - 1) & (BLOCK - 1), 0)
     row = i + tl.cumsum(pad, 0) - pad
     total = tl.sum((es < E).to(tl.int32), 0) + tl.sum(pad, 0)
-    # this token's pairs' sorted indices: keys below theirs, counted in [K_PAD, CH] tiles
-    key_q = tl.where(keep_q, (eq << PB) | q, 0)
-    sidx = tl.zeros(eq.shape, tl.int32)
-    for c in range(0, PP, CH):
-        kc = c + tl.arange(0, CH)
-        ec, _ = _expert_bins(ids_ptr, mask_ptr, kc, P, E, E_BINS, HAS_MASK)
-        sidx += tl.sum((((ec << PB) | kc)[None, :] < key_q[:, None]).to(tl.int32), axis=1)
-    sidx = tl.minimum(sidx, PP - 1)
-    return tl.gather(row, sidx, 0), tl.gather(pad, sidx, 0), total
+    if SELECT:
+        # each sorted slot names its pair (the key's low bits): this token's slots pick their
+        # (row, padding) out of the sorted vectors in one [K_PAD, PP] select-and-sum, no reload
+        src = ks & (PP - 1)
+        got = tl.sum(tl.where(src[None, :] == q[:, None], (row | (pad << 24))[None, :], 0), axis=1)
+        pos = got & 0xFFFFFF
+        fill = got >> 24
+    else:
+        # this token's pairs' sorted indices: keys below theirs, counted in [K_PAD, CH] tiles
+        key_q = tl.where(keep_q, (eq << PB) | q, 0)
+        sidx = tl.zeros(eq.shape, tl.int32)
+        for c in range(0, PP, CH):
+            kc = c + tl.arange(0, CH)
+            ec, _ = _expert_bins(ids_ptr, mask_ptr, kc, P, E, E_BINS, HAS_MASK)
+            sidx += tl.sum((((ec << PB) | kc)[None, :] < key_q[:, None]).to(tl.int32), axis=1)
+        sidx = tl.minimum(sidx, PP - 1)
+        pos = tl.gather(row, sidx, 0)
+        fill = tl.gather(pad, sidx, 0)
+    return pos, fill, total
 
 
 @triton.jit
 def _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK,
                        E_BINS: tl.constexpr, HAS_MASK: tl.constexpr, PP: tl.constexpr,
                        CH: tl.constexpr):
-    """As :func:`_decode_by_sort`, by comparing every pair with every other (``PP x PP`` in
-    ``[CH, PP]`` tiles): no sort, for a handful of tokens."""
+    """As :func:`_decode_by_sort`, by comparing every pair with every other: no sort, for a
+    handful of tokens. ``[CH, PP]`` tiles (one when ``CH == PP``), two reductions per tile, each
+    summing packed fields: per pair ``j`` its expert's count (low 16 bits) and the later pairs of
+    its expert (high bits), which give its padding (nonzero on its expert's last pair only); then
+    per own slot the rows before it (pairs and padding of smaller experts, earlier pairs of its
+    own; low 24 bits) and its own padding (high bits)."""
     k = tl.arange(0, PP)
     e_all, keep_all = _expert_bins(ids_ptr, mask_ptr, k, P, E, E_BINS, HAS_MASK)
-    pad_before = tl.zeros(eq.shape, tl.int32)
-    pad_total = 0
+    acc = tl.zeros(eq.shape, tl.int32)
+    total = 0
     for c in range(0, PP, CH):
-        i = c + tl.arange(0, CH)
-        ei, ki = _expert_bins(ids_ptr, mask_ptr, i, P, E, E_BINS, HAS_MASK)
-        same = (ei[:, None] == e_all[None, :]) & keep_all[None, :]
-        cnt = tl.sum(same.to(tl.int32), axis=1)
-        later = tl.sum((same & (k[None, :] > i[:, None])).to(tl.int32), axis=1)
-        pad = tl.where(ki & (later == 0), (0 - cnt) & (BLOCK - 1), 0)
-        pad_total += tl.sum(pad, 0)
-        pad_before += tl.sum(tl.where(ei[None, :] < eq[:, None], pad[None, :], 0), axis=1)
-    same_q = (eq[:, None] == e_all[None, :]) & keep_all[None, :]
-    cnt_q = tl.sum(same_q.to(tl.int32), axis=1)
-    rank = tl.sum((same_q & (k[None, :] < q[:, None])).to(tl.int32), axis=1)
-    before = tl.sum((keep_all[None, :] & (e_all[None, :] < eq[:, None])).to(tl.int32), axis=1)
-    fill = tl.where(rank == cnt_q - 1, (0 - cnt_q) & (BLOCK - 1), 0)
-    return before + pad_before + rank, fill, tl.sum(keep_all.to(tl.int32), 0) + pad_total
+        j = c + tl.arange(0, CH)
+        ej, kj = _expert_bins(ids_ptr, mask_ptr, j, P, E, E_BINS, HAS_MASK)
+        same = (ej[:, None] == e_all[None, :]) & keep_all[None, :]
+        s = tl.sum(tl.where(same, tl.where(k[None, :] > j[:, None], 65536, 1), 0), axis=1)
+        pad = tl.where(kj & ((s >> 16) == 0), (0 - (s & 0xFFFF)) & (BLOCK - 1), 0)
+        total += tl.sum(tl.where(kj, 1 + pad, 0), 0)
+        before = tl.where(ej[None, :] < eq[:, None], 1 + pad[None, :],
+                          ((ej[None, :] == eq[:, None]) & (j[None, :] < q[:, None])).to(tl.int32))
+        acc += tl.sum(tl.where(kj[None, :], before, 0)
+                      + tl.where(j[None, :] == q[:, None], pad[None, :] << 24, 0), axis=1)
+    return acc & 0xFFFFFF, acc >> 24, total
 
 
 @triton.jit(do_not_specialize=["M"])  # the token count: one variant for every batch size
@@ -343,6 +379,7 @@ def _sort_quant_kernel(
     PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr, QG: tl.constexpr,
     COMPACT_SCALES: tl.constexpr,
     DECODE: tl.constexpr, PAIRS_PAD: tl.constexpr, PAIRS_BITS: tl.constexpr, CMP_CHUNK: tl.constexpr,
+    SORT_SELECT: tl.constexpr, COUNT_GATHER: tl.constexpr,
 ):
     t = tl.program_id(0)
     cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
@@ -404,7 +441,7 @@ def _sort_quant_kernel(
         # decode: every program sorts the few pairs itself; only an expert mask is read E-wide
         if DECODE == 1:
             pos, fill, total = _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS,
-                                               HAS_MASK, PAIRS_PAD, PAIRS_BITS, CMP_CHUNK)
+                                               HAS_MASK, PAIRS_PAD, PAIRS_BITS, CMP_CHUNK, SORT_SELECT)
         else:
             pos, fill, total = _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS,
                                                   HAS_MASK, PAIRS_PAD, CMP_CHUNK)
@@ -431,10 +468,15 @@ def _sort_quant_kernel(
         if (t == 0) & (cs == 0):
             tl.store(nv_ptr, tl.sum(padded, 0))
             tl.store(nv_ptr + 1, _token_count_as_given(nlt_ptr, M, HAS_NLT))
-        onehot = eq[:, None] == bins[None, :]
-        base = tl.sum(tl.where(onehot, seg_start[None, :], 0), axis=1)
-        lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
-        cnt_q = tl.sum(tl.where(onehot, cnt[None, :], 0), axis=1)
+        if COUNT_GATHER:  # eq < E_BINS always (dropped pairs: the empty bin E_BINS - 1)
+            base = tl.gather(seg_start, eq, 0)
+            lid = tl.gather(local_id, eq, 0)
+            cnt_q = tl.gather(cnt, eq, 0)
+        else:  # one-hot sums over [K_PAD, E_BINS]
+            onehot = eq[:, None] == bins[None, :]
+            base = tl.sum(tl.where(onehot, seg_start[None, :], 0), axis=1)
+            lid = tl.sum(tl.where(onehot, local_id[None, :], 0), axis=1)
+            cnt_q = tl.sum(tl.where(onehot, cnt[None, :], 0), axis=1)
         earlier = (eq[None, :] == eq[:, None]) & (slot[None, :] < slot[:, None]) & keep_q[None, :]
         rank = before + tl.sum(earlier.to(tl.int32), axis=1)
         pos = base + rank
@@ -710,8 +752,9 @@ _plans: dict[tuple, "_SortPlan"] = {}
 
 def _tunables() -> tuple:
     """The module constants a plan is derived from (benchmarks and tests change them)."""
-    return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_COMPARE_MAX_PAIRS,
-            DECODE_MIN_PAIRS_PAD, DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
+    return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
+            DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
+            DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             SCALE_TILE_BYTES, QUANT_GROUPS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
 
@@ -785,7 +828,7 @@ def _make_plan(key: tuple) -> _SortPlan:
     compact_scales = prescanned and quant and not fused
     g_pad = _next_pow2(G)
     batch = _batch_params(M, K, e_bins, k_pad, g_pad, quant, model_dim)
-    split, qg = batch.pop("split"), batch["QG"]
+    split, qg, warps = batch.pop("split"), batch["QG"], batch.pop("warps")
     args = [None] * 23
     args[9], args[14] = x_stride, init_stride
     args[19:23] = (M, num_experts, model_dim, G)
@@ -797,7 +840,7 @@ def _make_plan(key: tuple) -> _SortPlan:
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=_round_up(_cdiv(model_dim, split), 16),
         PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales,
-        num_warps=4 if qg * 32 <= WIDE_ROW_ELEMS else 8,
+        num_warps=warps or (4 if qg * 32 <= WIDE_ROW_ELEMS else 8),
     ))
     if compact_scales:
         tiles = Prepared(_scale_tiles_kernel, (scale_rows // 32,), _TILES_TENSORS, (None,) * 4 + (G, M),
@@ -845,24 +888,32 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
     decode sort or comparison (up to ``DECODE_MAX_PAIRS`` pairs), or the per-program expert count;
     parameters a path does not read stay fixed, so they never cause a recompile."""
     decode, pp = 0, 1
-    if not prescanned and pairs <= DECODE_MAX_PAIRS:
+    if not prescanned and pairs <= max(DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN * e_bins):
         pp = max(_next_pow2(pairs), DECODE_MIN_PAIRS_PAD)
         decode = 2 if pp <= DECODE_COMPARE_MAX_PAIRS else 1
-    out = dict(DECODE=decode, PAIRS_PAD=pp, PAIRS_BITS=pp.bit_length() - 1,
-               CMP_CHUNK=max(1, min(pp, DECODE_TILE // (pp if decode == 2 else k_pad))) if decode else 1)
+    select = decode == 1 and DECODE_SORT_SELECT
+    if decode == 2:
+        ch = max(1, min(pp, DECODE_COMPARE_TILE // pp))
+    elif decode == 1 and not select:
+        ch = max(1, min(pp, DECODE_TILE // k_pad))
+    else:
+        ch = 1
+    out = dict(DECODE=decode, PAIRS_PAD=pp, PAIRS_BITS=pp.bit_length() - 1, CMP_CHUNK=ch, SORT_SELECT=select,
+               warps=DECODE_NUM_WARPS if decode else 0)
     if prescanned or decode:
-        return dict(out, COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2)
-    return dict(out, **_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)))
+        return dict(out, COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2, COUNT_GATHER=False)
+    return dict(out, **_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)),
+                COUNT_GATHER=COUNT_GATHER)
 
 
-def decode_path(num_tokens: int, topk: int) -> str:
+def decode_path(num_tokens: int, topk: int, num_experts: int = 1) -> str:
     """Which one-launch position method a call of this size takes (chosen for its token bucket):
     "sort", "compare", "count" (per-program expert count over all bins) or "prescanned" (four
     launches)."""
     if _prescanned(num_tokens, topk):
         return "prescanned"
     pairs_b = _bucket_tokens(num_tokens, topk) * topk
-    return ("count", "sort", "compare")[_sort_params(pairs_b, 2, 1, False)["DECODE"]]
+    return ("count", "sort", "compare")[_sort_params(pairs_b, _next_pow2(num_experts + 1), 1, False)["DECODE"]]
 
 
 def _count_params(pairs: int, e_bins: int) -> dict:

@@ -84,8 +84,9 @@ def graph_us(fns, n, reps=7):
     return 1.0
 harness.graph_us, harness.launch_floor_us, harness.copy_bandwidth = graph_us, lambda: 0.5, lambda: 4e12
 b.DEV, b.MODELS = "cpu", [(16, 4, 256)]
+extra = sys.argv[4:]
 sys.argv = ["bench_moe_sort_quant.py", "--out", sys.argv[3], "--aiter-src", sys.argv[1], "--tokens", "1,3",
-            "--compare-max-pairs", "8", "--warm-jobs", "2"]
+            "--compare-max-pairs", "8", "--warm-jobs", "2"] + extra
 b.main()
 print("timed", len(calls))
 """
@@ -110,3 +111,22 @@ def test_bench_table_on_cpu(tmp_path):
     assert rows[0].split(" | ")[4] == decode_path(1, 4) and rows[1].split(" | ")[8] == "–"
     assert all(len(r.split(" | ")) == len(rows[0].split(" | ")) for r in rows)
     assert "compiled in" in out.stdout  # the parallel warm-up ran (2 processes)
+
+
+def test_bench_candidates_on_cpu(tmp_path):
+    """Issue 16's candidate run (timing stubbed, no AITER columns): every candidate column is
+    filled or skipped, the padded pair counts are the kernel's, and the verdict lines are written."""
+    out_md = tmp_path / "cand.md"
+    env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
+    script = BENCH.replace('"--aiter-src", sys.argv[1], ', "")
+    out = subprocess.run([sys.executable, "-c", script, "", str(REPO), str(out_md), "--candidates", "--warm-jobs", "1"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = out_md.read_text()
+    head = next(line for line in table.splitlines() if line.startswith("| experts"))
+    from bench.bench_moe_sort_quant import CANDIDATES
+
+    assert all(f"| {m} us |" in head for m in CANDIDATES.split(","))
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| 16 ")]
+    assert [r[-1].strip(" |") for r in rows] == ["16", "16"]  # 1 and 3 tokens at topk 4: bucket 4, 16 pairs
+    assert "Fastest forced method per padded pair count" in table and "`sort` faster than `sort-reload`" in table

@@ -239,17 +239,21 @@ def test_row_quantized_in_group_tiles(monkeypatch, groups):
     run(23, 4, 8, 16, N=224, qd=FP4, semantics="fused", nlt=torch.tensor([21], dtype=torch.int32, device=DEV))
 
 
-DECODE_PATHS = {  # module constants that force each one-launch position method
-    "count": dict(DECODE_MAX_PAIRS=0),
-    "compare": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048),
-    "sort": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=0),
+DECODE_PATHS = {  # module constants that force each one-launch position method (name: path-variant)
+    "count": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=True),
+    "count-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
+    "compare": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=16384),
+    "compare-tiled": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=64),
+    "sort": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=True),
+    "sort-reload": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=False),
 }
+METHODS = list(DECODE_PATHS)
 
 
 def force_path(monkeypatch, path, M, K):
     for name, val in DECODE_PATHS[path].items():
         monkeypatch.setattr(k, name, val)
-    assert k.decode_path(M, K) == path
+    assert k.decode_path(M, K) == path.split("-")[0]
 
 
 def dup_routing(M, K, E, seed=0):
@@ -264,7 +268,7 @@ def dup_routing(M, K, E, seed=0):
     return ids, w
 
 
-@pytest.mark.parametrize("path", ["count", "compare", "sort"])
+@pytest.mark.parametrize("path", METHODS)
 def test_decode_paths_adversarial(monkeypatch, path):
     """Every decode method on 896 experts, topk 16 (the shape whose expert count the decode sort
     removes from the work), against the reference bit for bit."""
@@ -282,7 +286,7 @@ def test_decode_paths_adversarial(monkeypatch, path):
     check(res, ids, w, 896, 64, x=x, qd=FP8, mask=mask, nlt=nlt, semantics="fused")
 
 
-@pytest.mark.parametrize("path", ["compare", "sort"])
+@pytest.mark.parametrize("path", [m for m in METHODS if not m.startswith("count")])
 def test_decode_paths_sizes(monkeypatch, path):
     """Segments that straddle block edges (skewed routing: long runs of one expert), a batch whose
     pairs are not a power of two, topk 1, no token at all (num_local_tokens 0) and
@@ -295,6 +299,52 @@ def test_decode_paths_sizes(monkeypatch, path):
     run(6, 2, 8, 16, N=64, qd=FP4, nlt=torch.tensor([100], dtype=torch.int32, device=DEV))  # past M: as given
 
 
+@pytest.mark.parametrize("path", METHODS)
+def test_decode_methods_block_sizes(monkeypatch, path):
+    """Each method at every block size on the routings that stress its bookkeeping: every pair on
+    one expert (a segment over several blocks), every pair on its own expert (a padded block per
+    pair), and out-of-range ids with an expert mask and fewer local tokens (dropped pairs inside
+    the sorted range)."""
+    M, K, E = 6, 4, 32
+    force_path(monkeypatch, path, M, K)
+    ids, w = routing(M, K, E)
+    one = torch.full_like(ids, 5)
+    distinct = torch.randperm(E, generator=torch.Generator().manual_seed(3))[: M * K].reshape(M, K)
+    bad = torch.tensor([-1, E, 1 << 20, 7], dtype=torch.int32).repeat(M, 1)
+    bad[1:3] = ids[1:3]
+    mask = (torch.arange(E) % 4 != 1).to(torch.int32).to(DEV)
+    x = activations(M, 64)
+    for B, routed, m, nlt in ((16, one, None, None), (128, distinct, None, None),
+                              (32, bad, mask, 4), (64, one, mask, 2), (128, bad, None, 5)):
+        r = routed.to(torch.int32).to(DEV)
+        nlt_t = None if nlt is None else torch.tensor([nlt], dtype=torch.int32, device=DEV)
+        res = k.moe_sort_mx_quant(r, w, E, 64, torch.bfloat16, B, expert_mask=m, num_local_tokens=nlt_t,
+                                  quant_input=x, quant_dtype=FP4)
+        check(res, r, w, E, B, x=x, qd=FP4, mask=m, nlt=nlt_t)
+
+
+def test_decode_method_constants(monkeypatch):
+    """What each decode constant selects (the constexprs the sort kernel gets), and that a
+    comparison tile splits into row chunks, so the benchmark's candidates are what they say."""
+    monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 1024)
+    monkeypatch.setattr(k, "DECODE_COMPARE_MAX_PAIRS", 128)
+    monkeypatch.setattr(k, "DECODE_COMPARE_TILE", 4096)
+    p = k._sort_params(100, 1024, 16, False)
+    assert (p["DECODE"], p["PAIRS_PAD"], p["CMP_CHUNK"], p["SORT_SELECT"]) == (2, 128, 32, False)
+    monkeypatch.setattr(k, "DECODE_SORT_SELECT", True)
+    p = k._sort_params(129, 1024, 16, False)
+    assert (p["DECODE"], p["PAIRS_PAD"], p["CMP_CHUNK"], p["SORT_SELECT"]) == (1, 256, 1, True)
+    monkeypatch.setattr(k, "DECODE_SORT_SELECT", False)
+    assert k._sort_params(129, 1024, 16, False)["CMP_CHUNK"] == k.DECODE_TILE // 16
+    monkeypatch.setattr(k, "DECODE_NUM_WARPS", 2)
+    assert k._sort_params(129, 1024, 16, False)["warps"] == 2
+    assert k._sort_params(2000, 1024, 16, False)["warps"] == 0  # the count keeps the row work's warps
+    monkeypatch.setattr(k, "_plans", {})
+    ids, w = routing(3, 16, 896)
+    k.moe_sort_mx_quant(ids, w, 896, 64, torch.bfloat16, 32)
+    assert [p.sort.kwargs["num_warps"] for p in k._plans.values()] == [2]
+
+
 def test_decode_path_choice(monkeypatch):
     monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 1024)
     monkeypatch.setattr(k, "DECODE_COMPARE_MAX_PAIRS", 64)
@@ -302,7 +352,22 @@ def test_decode_path_choice(monkeypatch):
         "compare", "compare", "sort", "sort", "count", "count", "prescanned"]
     assert k.decode_path(0, 8) == "compare"
     monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 0)
+    monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 0)
     assert k.decode_path(1, 8) == "count"
+
+
+def test_decode_threshold_grows_with_expert_bins(monkeypatch):
+    """The count's work grows with E, the decode methods' does not: with DECODE_PAIRS_PER_BIN
+    they also take buckets of up to that many pairs per expert bin."""
+    monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 512)
+    monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 1)
+    monkeypatch.setattr(k, "DECODE_COMPARE_MAX_PAIRS", 0)
+    # 64 tokens x topk 16: 1024 pairs; bins: the next power of two above E
+    assert [k.decode_path(64, 16, E) for E in (128, 511, 512, 896)] == ["count", "count", "sort", "sort"]
+    assert k.decode_path(64, 8, 128) == "sort" and k.decode_path(33, 16, 896) == "sort"  # 512; 1024 pairs
+    assert k.decode_path(65, 8, 896) == "count"  # 2048 pairs
+    monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 0)
+    assert k.decode_path(64, 16, 896) == "count"
 
 
 def test_unsupported_reason_reads_metadata_only():
@@ -416,11 +481,11 @@ def test_gpu_cuda_graph_capture():
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("path", ["count", "compare", "sort"])
+@pytest.mark.parametrize("path", METHODS)
 @pytest.mark.parametrize("M", [1, 2, 5, 8, 16, 33, 64])
 def test_gpu_decode_paths(monkeypatch, path, M):
     """Each decode method at (896, 16, 3584) and (256, 8, 7168), adversarial routing, EP and local tokens."""
-    if path == "compare" and M * 16 > 512:
+    if path.startswith("compare") and M * 16 > 512:
         pytest.skip("the comparison is meant for a handful of tokens")
     force_path(monkeypatch, path, M, 16)
     ids, w = dup_routing(M, 16, 896, seed=M)
