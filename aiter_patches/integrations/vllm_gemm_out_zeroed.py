@@ -1,0 +1,69 @@
+"""Integration: why vLLM 0.33.0's block-scale GEMMs never reach ``out_zeroed``, counted at run time (changes nothing).
+
+``gemm_dispatch_out_zeroed`` lets a caller that owns a zeroed buffer pass
+``out=buf, out_zeroed=True`` to AITER's tuned dispatcher. vLLM 0.33.0 owns none:
+
+- its only caller of the dispatcher is the custom op ``torch.ops.vllm.rocm_aiter_gemm_a8w8_blockscale_bpreshuffle``
+  (``_aiter_ops.py`` ≈1072-1082, ``_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl``), reached from
+  ``model_executor/kernels/linear/scaled_mm/aiter.py`` and the DeepSeek-V4 models through
+  ``rocm_aiter_ops.gemm_a8w8_blockscale_bpreshuffle``; it calls the dispatcher with
+  ``(A, B, As, Bs, dtype=output_dtype)``, no ``out``;
+- the op's schema has no ``out`` and its fake (≈1085) returns a fresh ``torch.empty``: the op is
+  functional, so Inductor and the piecewise CUDA graphs' memory pool own its output. A buffer
+  zeroed once per forward and returned as that output would be reused in place by later ops
+  (Inductor's buffer reuse): not provably zero at the next GEMM;
+- the op is registered with its implementation's function object (``direct_register_custom_op``,
+  ≈3165), so no module attribute reaches the call to give it an ``out``; and a zero fill inside
+  the op would be the memset it saves.
+
+So this patch only counts: each dispatcher call without ``out`` in a vLLM process is one
+``fallback`` with :data:`NO_OUT`, in ``stats()["vllm_gemm_out_zeroed"]``. The relied-on
+source hashes of the impl and the fake make ``aiter-patches drift --server`` report a vLLM that
+starts passing ``out=`` (then this reason must be re-read).
+"""
+
+from __future__ import annotations
+
+from ..declarations import Patch, SourcePin, Target
+from ..patches import moe_call
+from ..patches.gemm_dispatch_out_zeroed import DISPATCHER, DISPATCHER_PINS, MODULE
+
+NAME = "vllm_gemm_out_zeroed"
+_OPS = "vllm 0.33.0 vllm/_aiter_ops.py"
+NO_OUT = ("vLLM's rocm_aiter_gemm_a8w8_blockscale_bpreshuffle op has no out= (a functional op: its output is fresh "
+          "and owned by Inductor / the CUDA-graph pool), so no provably zero buffer reaches the dispatcher")
+
+RELIED_ON = (
+    SourcePin("vllm._aiter_ops", "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl",
+              "c7f6290cd2bfb681e4e2282a0a810a06e2e0e44874f135599f440d1ea926091b",
+              "calls AITER's dispatcher (A, B, As, Bs, dtype=output_dtype) without out=", f"{_OPS}:1072"),
+    SourcePin("vllm._aiter_ops", "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_fake",
+              "60e099ed6ae49bd6a4ffbd261ae1436faf57b9927d9ec1bfe93361b446d72406",
+              "the op's output is a fresh torch.empty(m, n): the op owns no caller buffer", f"{_OPS}:1085"),
+)
+
+
+def _dispatcher_wrapper(inner, site):
+    counters = site.counters
+
+    def gemm_a8w8_blockscale_bpreshuffle(*args, **kwargs):
+        out = args[5] if len(args) > 5 else kwargs.get("out")  # out is the dispatcher's sixth parameter
+        if out is None:
+            counters.fallback(NO_OUT)
+        return inner(*args, **kwargs)
+
+    return moe_call.like(gemm_a8w8_blockscale_bpreshuffle, inner)
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="vLLM: counts each block-scale GEMM dispatcher call without out= (vLLM's op has none); changes nothing",
+    targets=(
+        Target(MODULE, DISPATCHER, DISPATCHER_PINS, _dispatcher_wrapper,
+               "Outside gemm_dispatch_out_zeroed: counts calls without out=, then calls through unchanged."),
+    ),
+    order=39,
+    relies_on=RELIED_ON,
+    requires="vllm",
+    opt_in="vllm",
+)
