@@ -1,6 +1,6 @@
 """Copy a few files of a release wheel into a small zip, reading the wheel over HTTP ranges (or from a local file).
 
-Why: the vLLM wheel is over 300 MB, and the drift check and the vLLM integration tests read five of
+Why: the vLLM wheel is over 300 MB, and the drift check and the vLLM integration tests read six of
 its Python files. A wheel is a zip: its central directory sits at the end, and each member can be
 read on its own, so ``zipfile`` over a file object that fetches byte ranges reads a few hundred KB.
 Each member is checked against its CRC in the wheel's central directory (``zipfile`` does that);
@@ -10,7 +10,8 @@ the pins the files are read for (signatures, source hashes) check the rest.
     python .ci/wheel_members.py --local WHEEL OUT.zip FILE...
 
 Every ``__init__.py`` above each FILE, and the package's ``version.py`` / ``_version.py``, come too.
-The wheel's URL is found in PyPI's simple index. Exit status 0 with OUT.zip written, else 1 and why.
+The wheel's URL is found in PyPI's simple index. An OUT.zip that already holds every FILE is kept (the CI
+cache); one that lacks a FILE (the list grew) is fetched again. Exit status 0 with OUT.zip there, else 1 and why.
 """
 
 from __future__ import annotations
@@ -102,12 +103,24 @@ def copy_members(wheel, out: Path, files: list[str]) -> list[str]:
     return taken
 
 
+def holds(out: Path, files: list[str]) -> bool:
+    try:
+        with zipfile.ZipFile(out) as z:
+            return set(files) <= set(z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def main(argv: list[str]) -> int:
     try:
+        out, files = Path(argv[2]), argv[3:]
+        if holds(out, files):
+            print(f"wheel_members: {out} holds every file (cached)")
+            return 0
         if argv[:1] == ["--local"]:
-            wheel, out, files = argv[1], Path(argv[2]), argv[3:]
+            wheel = argv[1]
         else:
-            requirement, filename, out, files = argv[0], argv[1], Path(argv[2]), argv[3:]
+            requirement, filename = argv[0], argv[1]
             wheel = io.BufferedReader(RangeFile(wheel_url(requirement, filename)), buffer_size=1 << 16)
         out.parent.mkdir(parents=True, exist_ok=True)
         taken = copy_members(wheel, out, files)

@@ -3,11 +3,16 @@
 ``gemm_dispatch_out_zeroed`` lets a caller that owns a zeroed buffer pass
 ``out=buf, out_zeroed=True`` to AITER's tuned dispatcher. vLLM 0.33.0 owns none:
 
-- its only caller of the dispatcher is the custom op ``torch.ops.vllm.rocm_aiter_gemm_a8w8_blockscale_bpreshuffle``
-  (``_aiter_ops.py`` ≈1072-1082, ``_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl``), reached from
-  ``model_executor/kernels/linear/scaled_mm/aiter.py`` and the DeepSeek-V4 models through
-  ``rocm_aiter_ops.gemm_a8w8_blockscale_bpreshuffle``; it calls the dispatcher with
-  ``(A, B, As, Bs, dtype=output_dtype)``, no ``out``;
+- its FP8 block-scale linear (``model_executor/kernels/linear/scaled_mm/aiter.py`` ≈479-506,
+  ``AiterFp8BlockScaledMMKernel.apply_block_scaled_mm``: the DeepSeek-V2/V3 path) never calls this
+  dispatcher: it picks AITER's Triton ``gemm_a8w8_blockscale`` (tuned shapes), the Triton
+  preshuffled one (gfx1250 only), or ``rocm_aiter_ops.gemm_a8w8_blockscale`` → AITER's CK
+  ``gemm_a8w8_blockscale`` (≈1047-1056), which allocates its own output and has no ``out``;
+- the dispatcher's only caller is the custom op ``torch.ops.vllm.rocm_aiter_gemm_a8w8_blockscale_bpreshuffle``
+  (``_aiter_ops.py`` ≈1072-1082, ``_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl``), reached from the
+  DeepSeek-V4/V4.1 AMD model code (``models/deepseek_v4/amd/model.py`` ≈183, ``.../rocm.py`` ≈1246,
+  ``models/deepseek_v41/amd/rocm.py`` ≈655); it calls the dispatcher with ``(A, B, As, Bs,
+  dtype=output_dtype)``, no ``out``;
 - the op's schema has no ``out`` and its fake (≈1085) returns a fresh ``torch.empty``: the op is
   functional, so Inductor and the piecewise CUDA graphs' memory pool own its output. A buffer
   zeroed once per forward and returned as that output would be reused in place by later ops
@@ -34,6 +39,10 @@ NO_OUT = ("vLLM's rocm_aiter_gemm_a8w8_blockscale_bpreshuffle op has no out= (a 
           "and owned by Inductor / the CUDA-graph pool), so no provably zero buffer reaches the dispatcher")
 
 RELIED_ON = (
+    SourcePin("vllm.model_executor.kernels.linear.scaled_mm.aiter", "AiterFp8BlockScaledMMKernel.apply_block_scaled_mm",
+              "f0cbbb6cbd7984adcfe2e2e512db19b6b2191373e9fe150ed87c2a4cb220e64d",
+              "the FP8 block-scale linear calls AITER's Triton or CK gemm_a8w8_blockscale, never the bpreshuffle "
+              "dispatcher", "vllm 0.33.0 vllm/model_executor/kernels/linear/scaled_mm/aiter.py:479"),
     SourcePin("vllm._aiter_ops", "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl",
               "c7f6290cd2bfb681e4e2282a0a810a06e2e0e44874f135599f440d1ea926091b",
               "calls AITER's dispatcher (A, B, As, Bs, dtype=output_dtype) without out=", f"{_OPS}:1072"),

@@ -39,7 +39,8 @@ def test_the_release_files_match_every_vllm_pin():
     relied = [r for r in rep["relied_on"] if r["patch"] == FOLD]
     assert len(relied) == 7 and {r["status"] for r in relied} == {"unchanged"}
     gemm = [r for r in rep["relied_on"] if r["patch"] == "vllm_gemm_out_zeroed"]
-    assert [r["qualname"] for r in gemm] == ["_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl",
+    assert [r["qualname"] for r in gemm] == ["AiterFp8BlockScaledMMKernel.apply_block_scaled_mm",
+                                             "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl",
                                              "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_fake"]
     assert {r["status"] for r in gemm} == {"unchanged"}
 
@@ -75,6 +76,8 @@ def test_wheel_members_copies_the_files_and_the_packages_above_them(tmp_path):
     with zipfile.ZipFile(out) as z:
         assert sorted(z.namelist()) == ["vllm/__init__.py", "vllm/a/__init__.py", "vllm/a/b.py", "vllm/version.py"]
         assert z.read("vllm/a/b.py") == b"# vllm/a/b.py\n"
+    assert wm.main(["--local", str(tmp_path / "gone.whl"), str(out), "vllm/a/b.py"]) == 0  # cached: not re-read
+    assert wm.main(["--local", str(tmp_path / "gone.whl"), str(out), "vllm/other.py"]) == 1  # the list grew
     assert wm.main(["--local", str(wheel), str(tmp_path / "x.zip"), "vllm/missing.py"]) == 1
     assert not (tmp_path / "x.zip").exists()
 

@@ -26,7 +26,7 @@ ENV = "AITER_PATCHES_TEST_VLLM_FILES"
 WHEEL = "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 RUNNER = "vllm/model_executor/layers/fused_moe/runner/moe_runner.py"
 SHARED = "vllm/model_executor/layers/fused_moe/runner/shared_experts.py"
-FILES = (RUNNER, SHARED, "vllm/_aiter_ops.py")
+FILES = (RUNNER, SHARED, "vllm/_aiter_ops.py", "vllm/model_executor/kernels/linear/scaled_mm/aiter.py")
 
 _RUNNER_HEAD = '''"""Test tree: vLLM 0.33.0's moe_runner.py (from the wheel) over fakes of what it imports."""
 import logging
