@@ -1,8 +1,8 @@
 """``vllm_shared_expert_fold`` on vLLM 0.33.0's own MoERunner and SharedExperts (from the wheel) and the stand-in AITER.
 
 The runner is vLLM's class with the attributes its code reads; its routed experts
-call the stand-in's ``aiter.fused_moe.fused_moe`` as vLLM's ``_rocm_aiter_fused_moe_impl``
-does (positional arguments, ``dtype=``) and copy the result into their output as
+run vLLM's own ``_rocm_aiter_fused_moe_impl`` (from the wheel's _aiter_ops.py), which calls
+the stand-in's ``aiter.fused_moe.fused_moe``, and copy the result into their output as
 ``AiterExperts.apply`` does. Checked: within the fold's bound of vLLM's own sum, the
 add gone (counted aten adds), every path that must not fold run bitwise as shipped
 with its reason, the op called without ``forward`` (a compiled graph) counted,
@@ -37,11 +37,27 @@ class FakeRouter:
         return self.args["topk_weight"], self.args["topk_ids"]
 
 
+def vllm_fused_moe_impl():
+    """vLLM 0.33.0's ``_rocm_aiter_fused_moe_impl`` (the body of ``torch.ops.vllm.rocm_aiter_fused_moe``), from its
+    _aiter_ops.py, with the shared-expert argument check it calls; it imports AITER's fused_moe at call time."""
+    import ast
+
+    from .vllm_tree import read
+
+    text = read("vllm/_aiter_ops.py")
+    wanted = ("_validate_rocm_aiter_fused_moe_shared_expert_args", "_rocm_aiter_fused_moe_impl")
+    nodes = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    ns = {"torch": torch, "rocm_aiter_ops": types.SimpleNamespace(fused_moe_supports_gate_mode=lambda: False)}
+    exec(compile(ast.Module(nodes, []), "vllm/_aiter_ops.py", "exec"), ns)
+    return ns["_rocm_aiter_fused_moe_impl"]
+
+
 class FakeRoutedExperts:
-    """vLLM's modular AITER path, reduced to what reaches AITER: fused_moe, then the copy into the MK's output."""
+    """vLLM's modular AITER path, reduced to what reaches AITER: vLLM's own op body, then the MK output's copy."""
 
     def __init__(self, args, reduced=False):
         self.args = args
+        self.impl = vllm_fused_moe_impl()
         self.quant_method = types.SimpleNamespace(
             is_monolithic=False, topk_indices_dtype=None, supports_internal_mk=False, skip_forward_padding=False,
             has_unpadded_output=False, mk_can_overlap_shared_experts=False,
@@ -51,10 +67,10 @@ class FakeRoutedExperts:
         pass
 
     def forward_modular(self, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
-        a = self.args  # _rocm_aiter_fused_moe_impl: `from aiter.fused_moe import fused_moe` at call time
-        result = sys.modules["aiter.fused_moe"].fused_moe(x, a["w1"], a["w2"], topk_weights, topk_ids, None,
-                                                           dtype=x.dtype)
-        output = torch.empty_like(x)
+        a = self.args  # as rocm_aiter_fused_experts passes them for bf16 weights (QuantMethod.NO, SiLU)
+        result = self.impl(x, a["w1"], a["w2"], topk_weights.to(torch.float32), topk_ids.to(torch.int32),
+                           output_dtype=x.dtype)
+        output = torch.empty_like(x)  # AiterExperts.apply: the modular kernel's output buffer
         output.copy_(result)
         return output
 
