@@ -23,7 +23,7 @@ or compilation mode NONE), ``NO_OVERLAP``, and the static conditions the gate re
 Five hooks, one scope per ``forward`` call (a context variable):
 
 - ``MoERunner.forward``: under ``torch.compiler.is_compiling()`` it is vLLM's own, untouched
-  (Dynamo traces vLLM's add; see below). Otherwise the gate reads the layer's attributes;
+  (Dynamo traces vLLM's add; see below), as are the other four hooks. Otherwise the gate reads the layer's attributes;
   every "no" is counted with its reason and the call runs as shipped.
 - ``MoERunner._forward_impl`` (inside the op, never traced): counts why nothing folds when no
   scope is open (the compiled graph calls the op without running ``forward``), or when the
@@ -205,6 +205,8 @@ def _forward_impl_wrapper(inner, site):
 
     def _forward_impl(self, hidden_states, *args, **kwargs):
         nonlocal order_enum
+        if _compiling():  # traced only where vLLM calls the op's body directly (CPU, TPU): no scope there
+            return inner(self, hidden_states, *args, **kwargs)
         scope = _scope.get()
         if scope is _DECLINED or self._shared_experts is None:
             return inner(self, hidden_states, *args, **kwargs)
@@ -232,6 +234,8 @@ def _forward_impl_wrapper(inner, site):
 
 def _shared_forward_wrapper(inner, site):
     def forward(self, shared_experts_input, order, *args, **kwargs):
+        if _compiling():
+            return inner(self, shared_experts_input, order, *args, **kwargs)
         scope = _scope.get()
         if (not isinstance(scope, _Scope) or scope.shared is not None or scope.offered or scope.runner is None
                 or scope.runner._shared_experts is not self):
@@ -253,6 +257,8 @@ def _fused_moe_wrapper(inner, site):
     takes_addend = getattr(inner, "__aiter_patches__", None) == FOLD
 
     def fused_moe(*args, **kwargs):
+        if _compiling():
+            return inner(*args, **kwargs)
         scope = _scope.get()
         if not isinstance(scope, _Scope) or scope.shared is None or scope.offered or "moe_addend" in kwargs:
             return inner(*args, **kwargs)
