@@ -182,6 +182,8 @@ def _subclass():
     (dict(parallel_config=parallel(use_all2all_kernels=True)), "expert/data/context/sequence parallel"),
     (dict(reduced=True), "the combine kernel reduces the routed output"),
     ("subclass", "MuseMoERunner: a subclass of MoERunner"),
+    (dict(_shared_experts=None), "no separate shared experts"),  # e.g. AITER's fused shared expert
+    (dict(routed_output_transform=lambda t: t), "latent MoE"),
 ])
 def test_paths_that_must_not_fold_run_as_shipped(vllm_tree, stub, device, on, case, reason):
     import_all(stub)
