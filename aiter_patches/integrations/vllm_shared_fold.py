@@ -1,4 +1,4 @@
-"""Integration: vLLM 0.33.0's MoE runner passes its shared-expert output to AITER's ``fused_moe`` as ``moe_addend``, in eager mode.
+"""Integration: vLLM 0.33.0's MoE runner passes its shared-expert output to ``fused_moe`` as ``moe_addend`` (eager).
 
 vLLM's DeepSeek-V2/V3 MoE (``model_executor/models/deepseek_v2.py`` ``DeepseekV2MoE``)
 hands its shared MLP to the MoE runner (``fused_moe/runner/moe_runner.py``
