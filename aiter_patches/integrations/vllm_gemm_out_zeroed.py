@@ -22,9 +22,10 @@
   the op would be the memset it saves.
 
 So this patch only counts: each dispatcher call without ``out`` in a vLLM process is one
-``fallback`` with :data:`NO_OUT`, in ``stats()["vllm_gemm_out_zeroed"]``. The relied-on
-source hashes of the impl and the fake make ``aiter-patches drift --server`` report a vLLM that
-starts passing ``out=`` (then this reason must be re-read).
+``fallback`` with :data:`NO_OUT`, in ``stats()["vllm_gemm_out_zeroed"]``. It also binds vLLM's
+impl (a pass-through the op never calls) so that it applies only where that impl's signature and
+source hash are the pinned ones; with the linear's and the fake's hashes, ``aiter-patches drift
+--server`` reports a vLLM that starts routing the linear to the dispatcher or passing ``out=``.
 """
 
 from __future__ import annotations
@@ -32,9 +33,14 @@ from __future__ import annotations
 from ..declarations import Patch, SourcePin, Target
 from ..patches import moe_call
 from ..patches.gemm_dispatch_out_zeroed import DISPATCHER, DISPATCHER_PINS, MODULE
+from ..signatures import Pin
+from . import source_gate
 
 NAME = "vllm_gemm_out_zeroed"
+OPS = "vllm._aiter_ops"
+IMPL = "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl"
 _OPS = "vllm 0.33.0 vllm/_aiter_ops.py"
+IMPL_PINS = (Pin("vllm-0.33.0", "(A, B, As, Bs, output_dtype=torch.float16)", f"{_OPS}:1072"),)
 NO_OUT = ("vLLM's rocm_aiter_gemm_a8w8_blockscale_bpreshuffle op has no out= (a functional op: its output is fresh "
           "and owned by Inductor / the CUDA-graph pool), so no provably zero buffer reaches the dispatcher")
 
@@ -43,10 +49,10 @@ RELIED_ON = (
               "f0cbbb6cbd7984adcfe2e2e512db19b6b2191373e9fe150ed87c2a4cb220e64d",
               "the FP8 block-scale linear calls AITER's Triton or CK gemm_a8w8_blockscale, never the bpreshuffle "
               "dispatcher", "vllm 0.33.0 vllm/model_executor/kernels/linear/scaled_mm/aiter.py:479"),
-    SourcePin("vllm._aiter_ops", "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl",
+    SourcePin(OPS, IMPL,
               "c7f6290cd2bfb681e4e2282a0a810a06e2e0e44874f135599f440d1ea926091b",
               "calls AITER's dispatcher (A, B, As, Bs, dtype=output_dtype) without out=", f"{_OPS}:1072"),
-    SourcePin("vllm._aiter_ops", "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_fake",
+    SourcePin(OPS, "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_fake",
               "60e099ed6ae49bd6a4ffbd261ae1436faf57b9927d9ec1bfe93361b446d72406",
               "the op's output is a fresh torch.empty(m, n): the op owns no caller buffer", f"{_OPS}:1085"),
 )
@@ -64,15 +70,31 @@ def _dispatcher_wrapper(inner, site):
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle, inner)
 
 
+def _impl_wrapper(inner, site):
+    # The op holds the function object it was registered with: this binding is never called by the op. It is here so
+    # that the patch applies only where vLLM's impl is the pinned one (its signature and source hash, at apply time).
+    def _rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl(*args, **kwargs):
+        return inner(*args, **kwargs)
+
+    return moe_call.like(_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl, inner)
+
+
+def _source_reason(target: Target, original) -> str | None:
+    return source_gate.reason(target, original, RELIED_ON)
+
+
 PATCH = Patch(
     name=NAME,
     summary="vLLM: counts each block-scale GEMM dispatcher call without out= (vLLM's op has none); changes nothing",
     targets=(
         Target(MODULE, DISPATCHER, DISPATCHER_PINS, _dispatcher_wrapper,
                "Outside gemm_dispatch_out_zeroed: counts calls without out=, then calls through unchanged."),
+        Target(OPS, IMPL, IMPL_PINS, _impl_wrapper,
+               "Pins vLLM's op body (signature and source hash, checked at apply time); calls through."),
     ),
     order=39,
     relies_on=RELIED_ON,
     requires="vllm",
+    precheck=_source_reason,
     opt_in="vllm",
 )

@@ -38,6 +38,8 @@ def test_the_release_files_match_every_vllm_pin():
     assert fold == ["match"] * 4  # aiter.fused_moe is AITER's, not vLLM's: the AITER drift check reads it
     relied = [r for r in rep["relied_on"] if r["patch"] == FOLD]
     assert len(relied) == 7 and {r["status"] for r in relied} == {"unchanged"}
+    assert [(t["target"], t["status"]) for t in rep["targets"] if t["patch"] == "vllm_gemm_out_zeroed"] == [
+        ("vllm._aiter_ops._rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl", "match")]
     gemm = [r for r in rep["relied_on"] if r["patch"] == "vllm_gemm_out_zeroed"]
     assert [r["qualname"] for r in gemm] == ["AiterFp8BlockScaledMMKernel.apply_block_scaled_mm",
                                              "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl",

@@ -1,7 +1,8 @@
 """``vllm_gemm_out_zeroed``: vLLM's own GEMM op body (from the wheel) calls the stand-in dispatcher without ``out=``;
-each such call is counted with the reason, the result is bitwise the unpatched one, the asm split still memsets."""
+each such call is counted with the reason, the result is bitwise the unpatched one, the asm split still memsets;
+a vLLM whose op body differs is skipped; revert."""
 
-import ast
+import importlib
 import sys
 
 import pytest
@@ -12,20 +13,18 @@ from aiter_patches.verify import suspended
 from patches.test_gemm_out_zeroed import make_inputs
 
 from .test_gemm_dispatch_out_zeroed import launches, tuned  # noqa: F401  (fixtures)
-from .vllm_tree import read, vllm_tree  # noqa: F401  (fixture)
+from .vllm_tree import importable, vllm_tree, write_tree  # noqa: F401  (fixture)
 
 NAME = "vllm_gemm_out_zeroed"
 IMPL = "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl"
+OPS = "vllm._aiter_ops"
 M, N, K = 7, 256, 1024
 
 
 def vllm_impl():
-    """vLLM 0.33.0's op body, from its _aiter_ops.py (it imports the dispatcher from ``aiter`` at call time)."""
-    text = read("vllm/_aiter_ops.py")
-    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == IMPL)
-    ns = {"torch": torch}
-    exec(compile(ast.Module([node], []), "vllm/_aiter_ops.py", "exec"), ns)
-    return ns[IMPL]
+    """vLLM 0.33.0's op body, from the tree's _aiter_ops.py (the wheel's lines; it imports the dispatcher at call time)."""
+    importlib.import_module("aiter.ops.gemm_op_a8w8")
+    return getattr(importlib.import_module(OPS), IMPL)
 
 
 @pytest.fixture
@@ -34,8 +33,7 @@ def on(monkeypatch):
 
 
 def test_off_by_default(vllm_tree, stub):
-    import aiter.ops.gemm_op_a8w8  # noqa: F401
-
+    vllm_impl()
     assert aiter_patches.apply()[NAME]["state"] == "disabled"
 
 
@@ -44,8 +42,8 @@ def test_vllms_call_is_counted_and_unchanged(vllm_tree, stub, tuned, launches, d
 
     tuned[(M, N, K)] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
     A, Bs, A_s, B_s, _ = make_inputs(stub, M, N, K, device, seed=11)
-    impl = vllm_impl()
     with suspended():
+        impl = vllm_impl()
         ref = impl(A, Bs, A_s, B_s, torch.bfloat16)
     report = aiter_patches.apply()
     assert report[NAME]["state"] == "applied", report[NAME]["reason"]
@@ -60,9 +58,23 @@ def test_vllms_call_is_counted_and_unchanged(vllm_tree, stub, tuned, launches, d
 
 
 def test_revert_gives_back_the_dispatcher(vllm_tree, stub, on):
-    mod = sys.modules["aiter.ops.gemm_op_a8w8"]
+    impl = vllm_impl()
+    mod, ops = sys.modules["aiter.ops.gemm_op_a8w8"], sys.modules[OPS]
     before = mod.gemm_a8w8_blockscale_bpreshuffle
-    aiter_patches.apply()
-    assert aiter_patches.status()["patches"] and mod.gemm_a8w8_blockscale_bpreshuffle is not before
+    assert aiter_patches.apply()[NAME]["state"] == "applied"
+    assert mod.gemm_a8w8_blockscale_bpreshuffle is not before and getattr(ops, IMPL) is not impl
     aiter_patches.revert()
-    assert mod.gemm_a8w8_blockscale_bpreshuffle is before
+    assert mod.gemm_a8w8_blockscale_bpreshuffle is before and getattr(ops, IMPL) is impl
+
+
+def test_a_vllm_whose_op_body_changed_is_skipped(tmp_path, stub, on):
+    def edit(member, text):
+        return text.replace("dtype=output_dtype)", "dtype=output_dtype, out=None)") if member.endswith("_aiter_ops.py") \
+            else text
+
+    with importable(write_tree(tmp_path / "drifted", edit)):
+        vllm_impl()
+        report = aiter_patches.apply()
+        assert report[NAME]["state"] == "skipped" and f"{IMPL}: source changed" in report[NAME]["reason"]
+        assert getattr(sys.modules["aiter.ops.gemm_op_a8w8"].gemm_a8w8_blockscale_bpreshuffle, "__aiter_patches__",
+                       None) != NAME

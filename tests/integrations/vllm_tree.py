@@ -4,7 +4,8 @@
 wheel has them, less their ``vllm`` imports, which a head of fakes replaces (the
 forward context, the platform: CPU, so ``_select_forward`` returns vLLM's Python
 ``_moe_forward_shared`` as it does on CPU; collectives are identities at TP 1;
-no aux stream). Every function and class body is vLLM's, so the source hashes are
+no aux stream), and ``_aiter_ops.py`` holds only vLLM's GEMM op body and fake. Every function
+and class body is vLLM's, so the source hashes are
 the wheel's. The files come from ``.ci/wheel_members.py``'s small zip of the wheel
 (``$AITER_PATCHES_TEST_VLLM_FILES``, or the cache ``.ci/run`` fills). Nothing of
 vLLM is copied into the repository.
@@ -26,7 +27,9 @@ ENV = "AITER_PATCHES_TEST_VLLM_FILES"
 WHEEL = "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 RUNNER = "vllm/model_executor/layers/fused_moe/runner/moe_runner.py"
 SHARED = "vllm/model_executor/layers/fused_moe/runner/shared_experts.py"
-FILES = (RUNNER, SHARED, "vllm/_aiter_ops.py", "vllm/model_executor/kernels/linear/scaled_mm/aiter.py")
+OPS = "vllm/_aiter_ops.py"
+OPS_FUNCTIONS = ("_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_impl", "_rocm_aiter_gemm_a8w8_blockscale_bpreshuffle_fake")
+FILES = (RUNNER, SHARED, OPS, "vllm/model_executor/kernels/linear/scaled_mm/aiter.py")
 
 _RUNNER_HEAD = '''"""Test tree: vLLM 0.33.0's moe_runner.py (from the wheel) over fakes of what it imports."""
 import logging
@@ -179,7 +182,19 @@ def write_tree(root: Path, edit=None) -> Path:
     (root / "vllm" / "version.py").write_text('__version__ = "0.33.0"\n')
     (root / RUNNER).write_text(_RUNNER_HEAD + edit(RUNNER, _without_vllm_imports(read(RUNNER))))
     (root / SHARED).write_text(_SHARED_HEAD + edit(SHARED, _without_vllm_imports(read(SHARED))))
+    ops = read(OPS)
+    (root / OPS).write_text('"""Test tree: two functions of vLLM 0.33.0\'s _aiter_ops.py (from the wheel)."""\nimport torch\n\n\n'
+                            + edit(OPS, "\n\n".join(_segment(ops, q) for q in OPS_FUNCTIONS)))
     return root
+
+
+def _segment(text: str, qualname: str) -> str:
+    from aiter_patches.integrations.source_gate import find
+
+    node = find(ast.parse(text), qualname)
+    assert node is not None, f"{qualname} not in the wheel"
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return "\n".join(text.splitlines()[first - 1:node.end_lineno]) + "\n"
 
 
 @contextmanager
