@@ -14,7 +14,7 @@ import os
 from typing import Iterable
 
 ENV = "AITER_PATCHES_INTEGRATIONS"
-GROUPS = ("sglang", "vllm")  # a group may have no integration yet (vLLM's data flow: README)
+GROUPS = ("sglang", "vllm")
 
 
 def requested(groups: dict[str, str]) -> set[str]:

@@ -43,7 +43,9 @@ def test_one_summary_when_pending_patches_apply_at_import(fresh_report, caplog, 
     with caplog.at_level(logging.INFO, logger="aiter_patches"), use_stub_aiter():
         aiter_patches.apply()  # aiter is imported, its submodules the package does not import are not
         before = registry_view.expected_before_import()
-        first_states = {n: ("applied" if all(m in sys.modules for m in registry_view.modules(n)) else before[n])
+        loaded = {n for n in names if all(m in sys.modules for m in registry_view.modules(n))}
+        first_states = {n: ("applied" if before[n] == "pending" and n in loaded  # an opt-in one stays disabled
+                            else before[n])
                         for n in names}
         first = lines(caplog, SUMMARY)
         waiting = sorted({m for n in _by_state(names, first_states, "pending") for m in registry_view.modules(n)
