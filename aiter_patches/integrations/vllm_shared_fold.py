@@ -55,7 +55,7 @@ from ..declarations import APPLIED, Patch, SourcePin, Target
 from ..patches import moe_call
 from ..patches import pins as aiter_pins
 from ..signatures import Pin
-from . import source_gate
+from . import compile_state, source_gate
 
 NAME = "vllm_shared_expert_fold"
 FOLD = "moe_addend_fold"
@@ -173,7 +173,12 @@ def _forward_wrapper(inner, site):
         if _scope.get() is not None:
             return inner(*args, **kwargs)
         bound, problems = binder.bind(args, kwargs)
-        reason = problems[0] if problems else blocker(bound["self"], runner_cls, bound.get("shared_experts_input"))
+        if problems:
+            reason = problems[0]
+        elif compile_state.in_compiled_region():  # eager here, but Dynamo could trace the scale hook below
+            reason = compile_state.IN_COMPILED_REGION
+        else:
+            reason = blocker(bound["self"], runner_cls, bound.get("shared_experts_input"))
         if reason is not None:
             counters.fallback(reason)
             token = _scope.set(_DECLINED)

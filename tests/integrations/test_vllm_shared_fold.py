@@ -320,3 +320,20 @@ def test_revert_restores_the_methods(vllm_tree, stub, on):
     assert mr.MoERunner.forward is not before[0] and se.SharedExperts.forward is not before[3]
     aiter_patches.revert()
     assert [getattr(mr.MoERunner, n) for n in names] + [se.SharedExperts.forward] == before
+
+
+def test_inside_a_compiled_region_nothing_is_folded(vllm_tree, stub, device, on, monkeypatch):
+    """Eager here but inside a torch.compile'd caller: Dynamo could trace the scale hook while the op runs eagerly."""
+    from aiter_patches.integrations import compile_state
+
+    import_all(stub)
+    runner, x = make_runner(device)
+    with suspended():
+        ref = runner.forward(x, x)
+    aiter_patches.apply()
+    monkeypatch.setattr(compile_state, "in_compiled_region", lambda: True)
+    out = runner.forward(x, x)
+    assert torch.equal(bits(out), bits(ref))
+    s = aiter_patches.stats()
+    assert s[NAME]["fast"] == 0 and s[NAME]["fallback"] == {compile_state.IN_COMPILED_REGION: 1}, s[NAME]
+    assert s["moe_addend_fold"]["fast"] == 0
