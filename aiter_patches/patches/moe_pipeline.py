@@ -9,7 +9,7 @@ steps in the order of the table below, passing one plan (:class:`moe_call.MoeCal
 per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
 :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
 writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
-read the bound arguments: ``arguments`` and ``problems``, ``bind()`` on the sort's step); under :func:`checking` an undeclared
+read the bound arguments: ``arguments`` and ``problems``, ``bind()`` and ``arguments_key()`` on the sort's step); under :func:`checking` an undeclared
 access raises :class:`UndeclaredField`.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
@@ -70,6 +70,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
+from .. import call_key
 from . import moe_call, pins
 from .moe_call import MoeCall, joined_or_new, like, scope
 
@@ -102,7 +103,7 @@ STEPS: dict[str, tuple] = {
         ("moe_addend_fold", "start_from_addend"),
     ),
 }
-ALWAYS_READABLE = frozenset({"arguments", "problems", "bind"})
+ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key"})
 
 
 class UndeclaredField(AttributeError):
@@ -174,6 +175,11 @@ class SortStep:
         if self._bound is None:
             self._bound = self._binder.bind(self._args, self._kwargs)
         return self._bound
+
+    def arguments_key(self) -> tuple:
+        """The call's arguments as given, keyed by :func:`call_key.args_key` with the binder that
+        reads them (raises :class:`call_key.Unkeyable`): what ``bind()`` returns is a function of it."""
+        return call_key.args_key(self._args, self._kwargs), self._binder
 
 
 # ---------------------------------------------------------------- declared access

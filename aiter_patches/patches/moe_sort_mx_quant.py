@@ -7,13 +7,20 @@ the activations per 1x32; the sort wrapper then runs one Triton kernel that
 sorts, zero-fills and quantizes, and the quant helper hands the result back for
 exactly the stage-1 call it was made for. A wrong prediction costs time, never
 bits: an unused quant is dropped and AITER quantizes as usual.
+
+Host time (issue 15): the sort gate's verdict (the reasons it counts, whether it launches, with
+or without the quant and the addend fill) is kept per key of everything it reads (``call_key``:
+the sort's arguments as given, the open call's predicted quant and activations, the addend
+offered, the functions and kernel limits it consults), so a repeated call skips the checks.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from typing import NamedTuple
 
-from .. import foreign_layers, runtime
+from .. import call_key, foreign_layers, runtime
 from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
 from ..declarations import Patch
 from . import moe_call, moe_pipeline, relied_on
@@ -180,41 +187,30 @@ class SortMxQuant(moe_pipeline.Feature):
             site.counters.fallback(foreign_layers.unreached_sort_reason())
 
     def one_launch_sort(self, site, call, step) -> None:
-        """The one-launch sort (+ quant, + the addend as moe_buf's fill); leaves ``step.outputs`` None to give the call to AITER."""
+        """The one-launch sort (+ quant, + the addend as moe_buf's fill); leaves ``step.outputs`` None to give the call to AITER.
+
+        The gate's verdict (the reasons it counts, whether it launches, and without which of the
+        quant and the addend) is kept per :func:`_verdict_key`; a hit replays the counted reasons."""
         if step.outputs is not None:
             return
         counters = site.counters
-        bound, problems = step.bind()
-        if problems:
-            counters.fallback(problems[0])
-            return
-        reason = python_level_reason(bound) or runtime.triton_backend_reason(bound["topk_ids"].device)
-        if reason is not None:
+        key = _verdict_key(step, call)
+        verdict = VERDICTS.get(key) if key is not None else None
+        if verdict is None:
+            verdict = _decide(step, call)
+            if key is not None:
+                VERDICTS.put(key, verdict)
+        for reason in verdict.reasons:
             counters.fallback(reason)
+        if not verdict.launch:
             return
+        bound, _ = step.bind()
         kernel = _kernel()
         request = _request(bound, call, step.addend_offer)
-        if request["quant_input"] is not None and request["quant_input"].shape[0] == 0:
-            # AITER's quant launcher divides by token_num: its outcome, not an empty result
-            counters.fallback("stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)")
+        if not verdict.quant:
             request.update(quant_input=None, quant_dtype=None)
-        reason = kernel.unsupported_reason(**request)
-        if reason is not None and request["quant_input"] is not None:
-            counters.fallback(f"stage-1 quant not fused: {reason}")
-            request.update(quant_input=None, quant_dtype=None)
-            reason = kernel.unsupported_reason(**request)
-        if reason is not None and request["moe_buf_init"] is not None:
-            counters.fallback(f"addend not written in the sort launch (copied after it): {reason}")
+        if not verdict.init:
             request.update(moe_buf_init=None)
-            reason = kernel.unsupported_reason(**request)
-        if reason is not None:
-            counters.fallback(reason)
-            return
-        if request["quant_input"] is None and request["moe_buf_init"] is None:
-            reason = sort_only_reason(bound, kernel)
-            if reason is not None:
-                counters.fallback(reason)
-                return
         try:
             res = kernel.moe_sort_mx_quant(
                 bound["topk_ids"], bound["topk_weights"], bound["num_experts"], bound["model_dim"],
@@ -234,6 +230,72 @@ class SortMxQuant(moe_pipeline.Feature):
             )
         step.addend_written = request["moe_buf_init"] is not None
         step.outputs = (res.sorted_ids, res.sorted_weights, res.sorted_expert_ids, res.num_valid_ids, res.moe_buf)
+
+
+class SortVerdict(NamedTuple):
+    """What the sort gate decided for one key: the fallback reasons it counts (in order), whether
+    the one-launch sort runs, and whether with the stage-1 quant and with the addend fill."""
+
+    reasons: tuple
+    launch: bool
+    quant: bool = False
+    init: bool = False
+
+
+# Verdicts by _verdict_key (never a tensor: metadata, Python values, and the functions and limits read).
+VERDICTS = call_key.Verdicts(NAME)
+
+
+def _verdict_key(step, call):
+    """Everything :func:`_decide` reads, or None (an unkeyable argument, or torch.compile tracing)."""
+    kernel = _KERNEL[0] if _KERNEL else _kernel()
+    try:
+        args = step.arguments_key()
+        offer = step.addend_offer
+        state = None if call is None else (
+            call.quant_dtype, call.stage1_quant is None,
+            None if call.hidden_states is None else call_key.value_key(call.hidden_states))
+        return (args, state, None if offer is None else call_key.value_key(offer),
+                runtime.triton_backend_reason, os.environ.get("TRITON_INTERPRET"),
+                python_level_reason, sort_only_reason, aiter_sort_launches,
+                getattr(sys.modules.get("aiter"), "moe_sorting_opus_get_workspace_size", None),
+                kernel.unsupported_reason, kernel.launch_count, kernel.MAX_TOPK, kernel.MAX_EXPERTS,
+                kernel.MAX_MODEL_DIM, kernel.ONE_LAUNCH_MAX_PAIRS, kernel.INT32_LIMIT)
+    except call_key.Unkeyable:
+        return None
+
+
+def _decide(step, call) -> SortVerdict:
+    """The sort gate in full (the counted reasons in the order it meets them)."""
+    reasons = []
+    bound, problems = step.bind()
+    if problems:
+        return SortVerdict((problems[0],), False)
+    reason = python_level_reason(bound) or runtime.triton_backend_reason(bound["topk_ids"].device)
+    if reason is not None:
+        return SortVerdict((reason,), False)
+    kernel = _kernel()
+    request = _request(bound, call, step.addend_offer)
+    if request["quant_input"] is not None and request["quant_input"].shape[0] == 0:
+        # AITER's quant launcher divides by token_num: its outcome, not an empty result
+        reasons.append("stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)")
+        request.update(quant_input=None, quant_dtype=None)
+    reason = kernel.unsupported_reason(**request)
+    if reason is not None and request["quant_input"] is not None:
+        reasons.append(f"stage-1 quant not fused: {reason}")
+        request.update(quant_input=None, quant_dtype=None)
+        reason = kernel.unsupported_reason(**request)
+    if reason is not None and request["moe_buf_init"] is not None:
+        reasons.append(f"addend not written in the sort launch (copied after it): {reason}")
+        request.update(moe_buf_init=None)
+        reason = kernel.unsupported_reason(**request)
+    if reason is not None:
+        return SortVerdict((*reasons, reason), False)
+    if request["quant_input"] is None and request["moe_buf_init"] is None:
+        reason = sort_only_reason(bound, kernel)
+        if reason is not None:
+            return SortVerdict((*reasons, reason), False)
+    return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None)
 
 
 FEATURE = moe_pipeline.feature(SortMxQuant())
