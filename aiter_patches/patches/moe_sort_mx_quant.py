@@ -157,10 +157,11 @@ def _kernel_config(fm, bound, q_dtype_a, out_dtype):
         E, model_dim, inter_dim = fm.get_inter_dim(w1.shape, w2.shape)
         return fm.get_2stage_cfgs(
             fm.get_padded_M(M), model_dim, inter_dim, E, topk, out_dtype, q_dtype_a, w1.dtype,
-            fm.QuantType(_PER_1X32), inter_dim != w1.shape[1],
-            fm.ActivationType(enum_value(bound.get("activation", 0))), bool(bound.get("doweight_stage1", False)),
+            _member(fm.QuantType, _PER_1X32), inter_dim != w1.shape[1],
+            _member(fm.ActivationType, enum_value(bound.get("activation", 0))),
+            bool(bound.get("doweight_stage1", False)),
             bound.get("hidden_pad", 0), bound.get("intermediate_pad", 0), _is_shuffled(w1) or _is_shuffled(w2),
-            fm.GateMode(getattr(bound.get("gate_mode"), "value", bound.get("gate_mode")) or "separated"),
+            _member(fm.GateMode, getattr(bound.get("gate_mode"), "value", bound.get("gate_mode")) or "separated"),
             is_ep=bound.get("expert_mask") is not None,
             has_stage2_bias=bound.get("bias2") is not None,
             opus_weights_shuffled=_is_shuffled(w1) and _is_shuffled(w2),
@@ -168,6 +169,20 @@ def _kernel_config(fm, bound, q_dtype_a, out_dtype):
         )
     except Exception:  # noqa: BLE001 - AITER's own call will raise the same; predict nothing
         return None
+
+
+_MEMBERS: dict[tuple, object] = {}  # (enum class, value) -> member: an Enum lookup by value costs ~1 µs
+
+
+def _member(enum_cls, value):
+    """``enum_cls(value)``, remembered (a value the enum refuses raises, every time, as before)."""
+    key = (enum_cls, type(value), value)
+    member = _MEMBERS.get(key)
+    if member is None:
+        member = enum_cls(value)
+        if len(_MEMBERS) < 256:
+            _MEMBERS[key] = member
+    return member
 
 
 class SortMxQuant(moe_pipeline.Feature):

@@ -155,3 +155,18 @@ def test_kept_verdicts_hold_no_tensor(stub, device, decided):
             todo += list(obj)
         elif hasattr(obj, "__slots__"):
             todo += [getattr(obj, s) for s in obj.__slots__ if hasattr(obj, s)]
+
+
+def test_enum_members_are_remembered_as_the_enum_gives_them():
+    import enum
+
+    class Act(enum.IntEnum):
+        SILU = 0
+        GELU = 1
+
+    assert msq._member(Act, 1) is Act.GELU and msq._member(Act, 1) is Act(1)
+    assert msq._member(Act, True) is Act(True)  # keyed with the value's type: same member as the enum's
+    for _ in range(2):  # a refused value raises every time, nothing remembered for it
+        with pytest.raises(ValueError):
+            msq._member(Act, 7)
+    assert (Act, int, 7) not in msq._MEMBERS
