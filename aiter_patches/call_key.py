@@ -45,9 +45,33 @@ def value_key(v) -> tuple:
 
 def args_key(args: tuple, kwargs: dict) -> tuple:
     """The key of a call's arguments as given (raises :class:`Unkeyable`)."""
+    types = tuple(map(type, args))
+    keyer = _KEYERS.get(types)
+    if keyer is None:
+        keyer = _keyer(types)
+    head = keyer(args) if keyer is not False else tuple(map(value_key, args))
     if kwargs:
-        return tuple(map(value_key, args)), tuple((k, value_key(v)) for k, v in kwargs.items())
-    return tuple(map(value_key, args)), ()
+        return head, tuple((k, value_key(v)) for k, v in kwargs.items())
+    return head, ()
+
+
+_KEYERS: dict[tuple, Any] = {}  # positional types -> straight-line key function (False: value_key per argument)
+
+
+def _keyer(types: tuple):
+    """``f(args) -> the same tuple as map(value_key, args)``, generated for these positional types
+    (plain tensors and value types only: an Enum or anything else takes value_key per argument)."""
+    if not all(t in KEYED_TENSOR_TYPES or t in _VALUE_TYPES for t in types):
+        fn = False
+    else:
+        ns: dict[str, Any] = {f"T{i}": t for i, t in enumerate(types)}
+        items = [f"(T{i}, a[{i}].shape, a[{i}].stride(), a[{i}].dtype, a[{i}].device, a[{i}].requires_grad)"
+                 if t in KEYED_TENSOR_TYPES else f"(T{i}, a[{i}])" for i, t in enumerate(types)]
+        exec(f"def key(a):\n    return ({', '.join(items)}{',' if items else ''})\n", ns)  # noqa: S102 - positions only
+        fn = ns["key"]
+    if len(_KEYERS) < 256:
+        _KEYERS[types] = fn
+    return fn
 
 
 class Verdicts:
