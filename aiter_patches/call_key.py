@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+_compiling = torch.compiler.is_compiling
 KEYED_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _VALUE_TYPES = frozenset({type(None), bool, int, float, str, torch.dtype, torch.device})
 
@@ -44,7 +45,10 @@ def value_key(v) -> tuple:
 
 
 def args_key(args: tuple, kwargs: dict) -> tuple:
-    """The key of a call's arguments as given (raises :class:`Unkeyable`)."""
+    """The key of a call's arguments as given (raises :class:`Unkeyable`, also under torch.compile's
+    tracing: Dynamo decides per trace, through the gate in full)."""
+    if _compiling():
+        raise Unkeyable("torch.compile tracing")
     types = tuple(map(type, args))
     keyer = _KEYERS.get(types)
     if keyer is None:

@@ -54,3 +54,9 @@ def test_anything_else_is_unkeyable(bad):
         call_key.args_key((bad,), {})
     with pytest.raises(call_key.Unkeyable):
         call_key.args_key((), {"k": bad})
+
+
+def test_no_key_under_torch_compile_tracing(monkeypatch):
+    monkeypatch.setattr(call_key, "_compiling", lambda: True)
+    with pytest.raises(call_key.Unkeyable):
+        call_key.args_key((1,), {})
