@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .. import call_key, foreign_layers, runtime
 from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
@@ -219,18 +219,14 @@ class SortMxQuant(moe_pipeline.Feature):
             counters.fallback(reason)
         if not verdict.launch:
             return
-        bound, _ = step.bind()
-        kernel = _kernel()
-        request = _request(bound, call, step.addend_offer)
-        if not verdict.quant:
-            request.update(quant_input=None, quant_dtype=None)
-        if not verdict.init:
-            request.update(moe_buf_init=None)
+        ids, weights, experts, dim, buf_dtype, block, mask, nlt, moe_buf = step.pick(verdict.picker)
+        quant_input, quant_dtype = (call.hidden_states, call.quant_dtype) if verdict.quant else (None, None)
+        init = step.addend_offer if verdict.init else None
         try:
-            res = kernel.moe_sort_mx_quant(
-                bound["topk_ids"], bound["topk_weights"], bound["num_experts"], bound["model_dim"],
-                bound["moebuf_dtype"], bound["block_size"], zero_moe_buf=_zeroes(bound), checked=True,
-                **_kernel_kwargs(request),
+            res = _kernel().moe_sort_mx_quant(
+                ids, weights, experts, dim, buf_dtype, block, zero_moe_buf=verdict.zeroes, checked=True,
+                expert_mask=mask, num_local_tokens=nlt, quant_input=quant_input, quant_dtype=quant_dtype,
+                moe_buf=moe_buf, moe_buf_init=init,
             )
         except Exception as exc:  # a compile or launch failure: AITER does the work
             counters.failed(exc, "moe_sort_mx_quant kernel")
@@ -239,22 +235,30 @@ class SortMxQuant(moe_pipeline.Feature):
         if call is not None and res.quant is not None:
             call.stage1_quant = StageOneQuant(
                 sorted_ids=res.sorted_ids, num_valid_ids=res.num_valid_ids, sorted_weights=res.sorted_weights,
-                quant_dtype=request["quant_dtype"], data=res.quant[0], scale=res.quant[1],
-                input_key=tensor_key(request["quant_input"]), block_size=bound["block_size"],
+                quant_dtype=quant_dtype, data=res.quant[0], scale=res.quant[1],
+                input_key=tensor_key(quant_input), block_size=block,
                 counters=counters,
             )
-        step.addend_written = request["moe_buf_init"] is not None
+        step.addend_written = init is not None
         step.outputs = (res.sorted_ids, res.sorted_weights, res.sorted_expert_ids, res.num_valid_ids, res.moe_buf)
 
 
 class SortVerdict(NamedTuple):
     """What the sort gate decided for one key: the fallback reasons it counts (in order), whether
-    the one-launch sort runs, and whether with the stage-1 quant and with the addend fill."""
+    the one-launch sort runs, whether with the stage-1 quant and with the addend fill, whether it
+    zero-fills ``moe_buf``, and where the launch's arguments are among the call's (``SortStep.picker``)."""
 
     reasons: tuple
     launch: bool
     quant: bool = False
     init: bool = False
+    zeroes: bool = True
+    picker: Any = None
+
+
+# the sort's arguments the launch takes, in moe_sort_mx_quant's order (then expert_mask, num_local_tokens, output)
+_LAUNCH_ARGS = ("topk_ids", "topk_weights", "num_experts", "model_dim", "moebuf_dtype", "block_size",
+                "expert_mask", "num_local_tokens", "output")
 
 
 # Verdicts by _verdict_key (never a tensor: metadata, Python values, and the functions and limits read).
@@ -310,7 +314,8 @@ def _decide(step, call) -> SortVerdict:
         reason = sort_only_reason(bound, kernel)
         if reason is not None:
             return SortVerdict((*reasons, reason), False)
-    return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None)
+    return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None,
+                       _zeroes(bound), step.picker(_LAUNCH_ARGS))
 
 
 FEATURE = moe_pipeline.feature(SortMxQuant())
@@ -390,11 +395,6 @@ def _request(bound: dict, call, addend_offer) -> dict:
         "moe_buf": bound.get("output"),
         "moe_buf_init": init,
     }
-
-
-def _kernel_kwargs(request: dict) -> dict:
-    skip = ("topk_ids", "topk_weights", "num_experts", "model_dim", "block_size")
-    return {k: v for k, v in request.items() if k not in skip}
 
 
 

@@ -170,3 +170,27 @@ def test_enum_members_are_remembered_as_the_enum_gives_them():
         with pytest.raises(ValueError):
             msq._member(Act, 7)
     assert (Act, int, 7) not in msq._MEMBERS
+
+
+@pytest.mark.parametrize("n_keywords", [0, 4, 8])
+def test_a_hit_launches_on_this_calls_arguments(stub, device, decided, n_keywords):
+    """The kept verdict says where the launch's arguments are; a hit with other routing (same
+    shapes) must sort that routing, however the arguments are given (the last ``n_keywords`` by name)."""
+    import aiter.fused_moe as fm
+
+    def call(a):
+        names = list(a)
+        cut = len(names) - n_keywords
+        return fm._moe_sorting_impl(*[a[n] for n in names[:cut]], **{n: a[n] for n in names[cut:]})
+
+    mask = torch.ones(E, dtype=torch.int32, device=device)
+    mask[3] = 0
+    cases = []
+    for seed in (0, 1, 2):
+        ids, w = routing(5, E, 4, device, seed)
+        cases.append(sort_args(device, topk_ids=ids, topk_weights=w, expert_mask=mask if seed else None))
+    with suspended():  # (suspending re-applies: a new binder, so new keys)
+        expected = [call(a) for a in cases]
+    for a, exp in zip(cases, expected):
+        assert_same_sort_and_zeroed_buf(exp, call(a), BLOCK)
+    assert decided == [1, 1] and stats()["fast"] == 3 and msq.VERDICTS.hits == 1
