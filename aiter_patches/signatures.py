@@ -341,6 +341,11 @@ class Binder:
         if len(args) > len(self.positional):
             return {}, [f"{len(args)} positional arguments (the pin takes {len(self.positional)})"]
         bound = dict(zip(self.positional, args))
+        if not kwargs:
+            return bound, []
+        if self.names.issuperset(kwargs) and bound.keys().isdisjoint(kwargs):  # the usual call: no problem
+            bound.update(kwargs)
+            return bound, []
         problems = [f"unknown keyword '{k}'" for k in kwargs if k not in self.names]
         problems += [f"'{k}' given twice" for k in kwargs if k in bound]
         bound.update(kwargs)

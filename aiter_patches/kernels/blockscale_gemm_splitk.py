@@ -289,24 +289,10 @@ def blockscale_gemm_splitk(A, B, out, A_scale, B_scale, *, splits: int, b_preshu
     N = B.shape[0]
     if M == 0:
         return out
-    if workspace_bytes(M, N, splits) <= MAX_WORKSPACE_BYTES:  # one launch: its prepared plan
-        key = (M, N, K, splits, bool(b_preshuffled), bool(zero_out), A.stride(0), out.stride(0),
-               A_scale.stride(0), A_scale.stride(1), B_scale.stride(0), B_scale.stride(1), id(_blockscale_gemm_kernel),
-               id(block_config))  # the tile choice is replaceable (bench_blockscale_gemm.py --tune swaps it)
-        plan = _plans.get(key)
-        if plan is None:
-            plan = _make_plan(key)
-            if len(_plans) < MAX_PLANS and not torch.compiler.is_compiling():  # Dynamo: a plan per trace
-                _plans[key] = plan
-        if splits > 1:
-            if zero_out:
-                out.zero_()
-            ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=A.device)
-            cnt = _tile_counters(A.device, plan.counters)
-        else:
-            ws = cnt = out  # unused by the kernel when SPLITS == 1
-        _run(plan.launch, A, B, out, A_scale, B_scale, ws, cnt)
-        return out
+    plan = one_launch_plan(M, N, K, splits, b_preshuffled, zero_out, A.stride(0), out.stride(0),
+                           A_scale.stride(0), A_scale.stride(1), B_scale.stride(0), B_scale.stride(1))
+    if plan is not None:
+        return run_plan(plan, A, B, out, A_scale, B_scale)
     cfg = block_config(M)
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     rows = max(MAX_WORKSPACE_BYTES // workspace_bytes(1, N, splits) // block_m, 1) * block_m
@@ -343,9 +329,44 @@ class _GemmPlan(NamedTuple):
 
     ws_numel: int
     counters: int
+    splits: int
+    zero_out: bool
     launch: Prepared
     kernel: object  # the kernel the key names by id, kept alive so the id is not reused
     config: object  # likewise the block_config function the key names
+
+
+def one_launch_plan(M: int, N: int, K: int, splits: int, b_preshuffled: bool, zero_out: bool, s_am: int, s_om: int,
+                    s_asm: int, s_ask: int, s_bsn: int, s_bsk: int) -> "_GemmPlan | None":
+    """The kept plan of a checked call of this shape and these strides (``s_asm``/``s_ask``: the
+    logical A_scale's), or None when its split partials need more than one launch (M > 0)."""
+    if workspace_bytes(M, N, splits) > MAX_WORKSPACE_BYTES:
+        return None
+    key = (M, N, K, splits, bool(b_preshuffled), bool(zero_out), s_am, s_om, s_asm, s_ask, s_bsn, s_bsk,
+           id(_blockscale_gemm_kernel), id(block_config))  # the tile choice is replaceable (bench --tune swaps it)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _make_plan(key)
+        if len(_plans) < MAX_PLANS and not torch.compiler.is_compiling():  # Dynamo: a plan per trace
+            _plans[key] = plan
+    return plan
+
+
+def run_plan(plan: "_GemmPlan", A, B, out, A_scale, B_scale) -> torch.Tensor:
+    """Launch ``plan`` (from :func:`one_launch_plan` for these operands' shapes and strides) into ``out``.
+
+    Only the tensors' data pointers and dtypes are read here (the strides are the plan's): ``A_scale``
+    may be any tensor whose data starts where the logical scale tensor's does (AITER's argument itself,
+    not its strided view)."""
+    if plan.splits > 1:
+        if plan.zero_out:
+            out.zero_()
+        ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=A.device)
+        cnt = _tile_counters(A.device, plan.counters)
+    else:
+        ws = cnt = out  # unused by the kernel when SPLITS == 1
+    _run(plan.launch, A, B, out, A_scale, B_scale, ws, cnt)
+    return out
 
 
 def _run(prep: Prepared, *tensors) -> None:
@@ -362,4 +383,4 @@ def _make_plan(key: tuple) -> _GemmPlan:
         SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n,
         B_PRESHUFFLED=b_preshuffled, ACCUMULATE=bool(splits > 1 or not zero_out),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-    return _GemmPlan(splits * M * N, -(-M // block_m) * (N // block_n), prep, _blockscale_gemm_kernel, block_config)
+    return _GemmPlan(splits * M * N, -(-M // block_m) * (N // block_n), splits, zero_out, prep, _blockscale_gemm_kernel, block_config)

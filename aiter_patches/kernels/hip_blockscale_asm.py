@@ -385,6 +385,7 @@ class AsmLauncher:
         self._hip = hip
         self._functions: dict[tuple[int, str, str], ctypes.c_void_p] = {}
         self._lock = threading.Lock()
+        self._tls = threading.local()  # per thread: {argument bytes: (buffer, size, HIP's extra array)}
 
     def _check(self, err: int, what: str) -> None:
         if err != 0:
@@ -408,16 +409,28 @@ class AsmLauncher:
             return fn
 
     def launch(self, fn: ctypes.c_void_p, grid: tuple[int, int, int], args: bytes, stream: int) -> None:
-        arg_buf = ctypes.create_string_buffer(args, len(args))
-        arg_size = ctypes.c_size_t(len(args))
-        extra = (ctypes.c_void_p * 5)(
-            HIP_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(arg_buf),
-            HIP_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(arg_size),
-            HIP_LAUNCH_PARAM_END,
-        )
+        """Launch ``fn`` with the packed ``args``. The argument buffer and HIP's ``extra`` array are kept
+        per thread and argument size (HIP copies the arguments during the call, as it must for the
+        fresh buffers made per call before, which were freed on return): a call copies ``args`` in."""
+        n = len(args)
+        tls = self._tls
+        bufs = getattr(tls, "bufs", None)
+        if bufs is None:
+            bufs = tls.bufs = {}
+        got = bufs.get(n)
+        if got is None:
+            arg_buf = ctypes.create_string_buffer(n)
+            arg_size = ctypes.c_size_t(n)
+            extra = (ctypes.c_void_p * 5)(
+                HIP_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(arg_buf),
+                HIP_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(arg_size),
+                HIP_LAUNCH_PARAM_END,
+            )
+            got = bufs[n] = (arg_buf, arg_size, extra)
+        ctypes.memmove(got[0], args, n)
         block = LAUNCH_LAYOUT.block
         err = self._hip.hipModuleLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0,
-                                              ctypes.c_void_p(stream), None, extra)
+                                              ctypes.c_void_p(stream), None, got[2])
         self._check(err, "hipModuleLaunchKernel")
 
 

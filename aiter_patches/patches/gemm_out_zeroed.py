@@ -8,14 +8,24 @@ promises ``out`` holds zeros; the patch then launches the same kernel without
 the memset. With a non-zero ``out`` the splits add onto it: that is the
 contract, not a bug. ``out_zeroed=False`` (the default), or a split count of
 one, is exactly the original call.
+
+Host time (issue 15): on the stand-in's branch the gate's verdict (a kept kernel plan, or the
+reason to hand back) is kept per call key (``call_key``: the arguments' shapes, strides, dtypes,
+devices and Python values, the grad mode, the limits and modules the gate reads), so a repeated
+call reads its arguments' metadata once and launches; real AITER's ``.co`` branch asks the HIP
+runtime and the file system and is decided per call.
 """
 
 from __future__ import annotations
 
+import operator
+import os
 import sys
 from typing import Any, Callable, NamedTuple
 
-from .. import runtime
+import torch
+
+from .. import call_key, runtime
 from ..declarations import CheckResult, Patch, Target
 from . import moe_call, pins, relied_on
 
@@ -34,10 +44,29 @@ class HandBack(NamedTuple):
     reason: str
 
 
-def _triton():
-    from ..kernels import blockscale_gemm_splitk
+class TritonLaunch(NamedTuple):
+    """The stand-in's no-memset launch: a kept kernel plan (Python values only), run on the call's
+    tensors; ``plan`` None: no rows, nothing to launch. A verdict of the cache below."""
 
-    return blockscale_gemm_splitk
+    plan: Any
+
+    def launch(self, A, B, out, A_scale, B_scale) -> None:
+        if self.plan is not None:  # A_scale as passed: the plan has the strides AITER's asm reads it with
+            _kernel().run_plan(self.plan, A, B, out, A_scale, B_scale)
+
+
+_KERNEL: list = []  # the kernel module, imported once (an import statement per call costs ~1 µs)
+
+
+def _kernel():
+    if not _KERNEL:
+        from ..kernels import blockscale_gemm_splitk
+
+        _KERNEL.append(blockscale_gemm_splitk)
+    return _KERNEL[0]
+
+
+_triton = _kernel
 
 
 def _aiter_root() -> str | None:
@@ -46,80 +75,138 @@ def _aiter_root() -> str | None:
     return hip.aiter_root_of(sys.modules.get("aiter"))  # AITER's .co files are not inside its package
 
 
+# Verdicts of the stand-in's gate by call_key: every check below reads the arguments' metadata, the
+# grad mode and the objects named in _environment() only. Real AITER's branch (the .co path) asks
+# the HIP runtime and the file system, so it is decided per call and never kept.
+VERDICTS = call_key.Verdicts(NAME)
+_OPERANDS = ("A", "B", "out", "A_scale", "B_scale")
+
+
+def _environment() -> tuple:
+    """What the stand-in's gate reads besides the arguments: AITER's modules and launcher rule, the
+    backend check, the kernel module's limits and kernels (objects, kept alive by the key)."""
+    k = _KERNEL[0] if _KERNEL else _kernel()
+    gemm_op = sys.modules.get("aiter.ops.gemm_op_a8w8")
+    aiter = sys.modules.get("aiter")
+    return (aiter, _stand_in(aiter), getattr(gemm_op, "launcher_split", None), runtime.triton_backend_reason,
+            os.environ.get("TRITON_INTERPRET"), torch.is_grad_enabled(), k.MAX_WORKSPACE_BYTES, k.MAX_SPLITS,
+            k.block_config, k._blockscale_gemm_kernel, k.unsupported_reason)
+
+
+def _operand_getter(binder, args: tuple, kwargs: dict):
+    """``f(args, kwargs) -> (A, B, out, A_scale, B_scale)`` for calls bound like this one."""
+    where = []
+    for name in _OPERANDS:
+        i = binder.positional.index(name) if name in binder.positional else len(args)
+        where.append((True, i) if i < len(args) else (False, name))
+    if all(pos for pos, _ in where):
+        get = operator.itemgetter(*(i for _, i in where))
+        return lambda a, kw: get(a)
+    return lambda a, kw: tuple(a[i] if pos else kw[i] for pos, i in where)
+
+
 def _wrapper(inner, site):
     binder = site.binder
     counters = site.counters
+    verdicts = VERDICTS
 
     def gemm_a8w8_blockscale_bpreshuffle_asm(*args, out_zeroed=False, **kwargs):
         if not out_zeroed:
             return inner(*args, **kwargs)
-        bound, problems = binder.bind(args, kwargs)
-        if problems:
-            counters.fallback(problems[0])
-            return inner(*args, **kwargs)
-        if bound.get("bias") is not None:
-            counters.fallback("bias given")
-            return inner(*args, **kwargs)
-        reason = _autograd_reason(bound["out"])
-        if reason is not None:
-            counters.fallback(reason)
-            return inner(*args, **kwargs)
         try:
-            plan = _plan(bound)
-        except ValueError as exc:  # AITER would raise the same check: let it, with its own message
-            plan = HandBack(f"launcher check: {exc}")
+            key = (call_key.args_key(args, kwargs), _environment())
+        except call_key.Unkeyable:
+            key = None
+        got = verdicts.get(key) if key is not None else None
+        if got is None:
+            plan, operands, bound, keep = _decide(binder, args, kwargs)
+            if key is not None and keep:
+                verdicts.put(key, (plan, _operand_getter(binder, args, kwargs) if operands else None))
+        else:
+            plan, get = got
+            bound = None
+            operands = get(args, kwargs) if get is not None else None
         if isinstance(plan, HandBack):
             counters.fallback(plan.reason)
             return inner(*args, **kwargs)
         try:
-            plan.run()
+            if isinstance(plan, TritonLaunch):
+                plan.launch(*operands)
+            else:
+                plan.run()
         except Exception as exc:
             counters.failed(exc, "GEMM launch without memset")
             return inner(*args, **kwargs)
         counters.hit()
-        return bound["out"]
+        return operands[2] if operands is not None else bound["out"]
 
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle_asm, inner)
+
+
+def _decide(binder, args, kwargs):
+    """``(verdict, operands or None, bound, keep)``: the gate in full, for a call not decided yet;
+    ``keep``: the verdict follows from what the key holds (not real AITER's .co branch)."""
+    bound, problems = binder.bind(args, kwargs)
+    if problems:
+        return HandBack(problems[0]), None, bound, True
+    if bound.get("bias") is not None:
+        return HandBack("bias given"), None, bound, True
+    reason = _autograd_reason(bound["out"])
+    if reason is not None:
+        return HandBack(reason), None, bound, True
+    keep = _stand_in(sys.modules.get("aiter"))
+    try:
+        plan = _plan(bound)
+    except ValueError as exc:  # AITER would raise the same check: let it, with its own message
+        plan = HandBack(f"launcher check: {exc}")
+    operands = None if isinstance(plan, HandBack) else tuple(bound[n] for n in _OPERANDS)
+    return plan, operands, bound, keep
+
+
+def _stand_in(aiter) -> bool:
+    return bool(getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False))
 
 
 def _autograd_reason(out) -> str | None:
     """AITER writes ``out`` in place through a custom op, which autograd refuses for a tensor that
     requires grad under grad mode (a leaf raises); the kernel's raw pointer write would not refuse."""
-    import torch
-
     if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
         return "out requires grad under grad mode (AITER's in-place write decides the outcome)"
     return None
 
 
-def _plan(bound: dict) -> NoMemsetLaunch | HandBack:
+def _plan(bound: dict) -> TritonLaunch | NoMemsetLaunch | HandBack:
     """A no-memset launch for this call, or the reason there is none (split 1 needs no patch)."""
     A, B, out = bound["A"], bound["B"], bound["out"]
     A_scale, B_scale = bound["A_scale"], bound["B_scale"]
     splitK = bound.get("splitK")
     bpreshuffle = bound.get("bpreshuffle", True)
     bpreshuffle = True if bpreshuffle is None else bool(bpreshuffle)
-    aiter = sys.modules.get("aiter")
-    if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False):
+    if _stand_in(sys.modules.get("aiter")):
         from aiter.ops.gemm_op_a8w8 import launcher_split
 
         split = launcher_split(A.shape[1], -1 if splitK is None else splitK)
         if split <= 1:
             return HandBack("split count 1: the original launches no memset")
-        k = _triton()
+        k = _kernel()
         from ..reference.blockscale_gemm import a_scale_as_read_by_asm
 
         try:
-            A_scale = a_scale_as_read_by_asm(A_scale)  # as the stand-in's launcher reads it
+            a_s = a_scale_as_read_by_asm(A_scale)  # as the stand-in's launcher reads it
         except ValueError as exc:
             return HandBack(str(exc))
         reason = runtime.triton_backend_reason(A.device) or k.unsupported_reason(
-            A, B, out, A_scale, B_scale, split, bpreshuffle) or k.workspace_reason(A.shape[0], B.shape[0], split)
+            A, B, out, a_s, B_scale, split, bpreshuffle) or k.workspace_reason(A.shape[0], B.shape[0], split)
         if reason is not None:
             return HandBack(reason)
-        return NoMemsetLaunch(lambda: k.blockscale_gemm_splitk(A, B, out, A_scale, B_scale, splits=split,
-                                                                b_preshuffled=bpreshuffle, zero_out=False,
-                                                                checked=True))
+        M, K = A.shape
+        if M == 0:
+            return TritonLaunch(None)
+        plan = k.one_launch_plan(M, B.shape[0], K, split, bpreshuffle, False, A.stride(0), out.stride(0),
+                                 a_s.stride(0), a_s.stride(1), B_scale.stride(0), B_scale.stride(1))
+        if plan is None:  # pragma: no cover - workspace_reason above refused it
+            return HandBack("split-K workspace above the one-launch cap")
+        return TritonLaunch(plan)
     from ..kernels import hip_blockscale_asm as hip
 
     reason = hip.unsupported_reason(A, B, out, A_scale, B_scale)

@@ -9,7 +9,7 @@ steps in the order of the table below, passing one plan (:class:`moe_call.MoeCal
 per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
 :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
 writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
-read the bound arguments: ``arguments`` and ``problems``, ``bind()`` on the sort's step); under :func:`checking` an undeclared
+read the bound arguments: ``arguments`` and ``problems``, ``bind()`` and ``arguments_key()`` on the sort's step); under :func:`checking` an undeclared
 access raises :class:`UndeclaredField`.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
@@ -68,8 +68,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from typing import Any, Callable, Iterator
 
+from .. import call_key
 from . import moe_call, pins
 from .moe_call import MoeCall, joined_or_new, like, scope
 
@@ -102,7 +104,7 @@ STEPS: dict[str, tuple] = {
         ("moe_addend_fold", "start_from_addend"),
     ),
 }
-ALWAYS_READABLE = frozenset({"arguments", "problems", "bind"})
+ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "picker", "pick"})
 
 
 class UndeclaredField(AttributeError):
@@ -174,6 +176,29 @@ class SortStep:
         if self._bound is None:
             self._bound = self._binder.bind(self._args, self._kwargs)
         return self._bound
+
+    def arguments_key(self) -> tuple:
+        """The call's arguments as given, keyed by :func:`call_key.args_key` with the binder that
+        reads them (raises :class:`call_key.Unkeyable`): what ``bind()`` returns is a function of it."""
+        return call_key.args_key(self._args, self._kwargs), self._binder
+
+    def picker(self, names: tuple) -> Callable[["SortStep"], tuple]:
+        """For calls whose arguments are given like this one's (same count, same keywords: the
+        :meth:`arguments_key` says so), ``f(step) -> the values of names`` as ``bind()`` gives
+        them (None where not given), without binding."""
+        positional = self._binder.positional
+        where = []
+        for name in names:
+            i = positional.index(name) if name in positional else len(self._args)
+            where.append(i if i < len(self._args) else name)
+        if all(type(i) is int for i in where) and len(where) > 1:
+            get = operator.itemgetter(*where)
+            return lambda step: get(step._args)
+        return lambda step: tuple(step._args[i] if type(i) is int else step._kwargs.get(i) for i in where)
+
+    def pick(self, picker) -> tuple:
+        """``picker(self)``: see :meth:`picker`."""
+        return picker(self)
 
 
 # ---------------------------------------------------------------- declared access

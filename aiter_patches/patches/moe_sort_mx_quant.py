@@ -7,13 +7,20 @@ the activations per 1x32; the sort wrapper then runs one Triton kernel that
 sorts, zero-fills and quantizes, and the quant helper hands the result back for
 exactly the stage-1 call it was made for. A wrong prediction costs time, never
 bits: an unused quant is dropped and AITER quantizes as usual.
+
+Host time (issue 15): the sort gate's verdict (the reasons it counts, whether it launches, with
+or without the quant and the addend fill) is kept per key of everything it reads (``call_key``:
+the sort's arguments as given, the open call's predicted quant and activations, the addend
+offered, the functions and kernel limits it consults), so a repeated call skips the checks.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from typing import Any, NamedTuple
 
-from .. import foreign_layers, runtime
+from .. import call_key, foreign_layers, runtime
 from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
 from ..declarations import Patch
 from . import moe_call, moe_pipeline, relied_on
@@ -150,10 +157,11 @@ def _kernel_config(fm, bound, q_dtype_a, out_dtype):
         E, model_dim, inter_dim = fm.get_inter_dim(w1.shape, w2.shape)
         return fm.get_2stage_cfgs(
             fm.get_padded_M(M), model_dim, inter_dim, E, topk, out_dtype, q_dtype_a, w1.dtype,
-            fm.QuantType(_PER_1X32), inter_dim != w1.shape[1],
-            fm.ActivationType(enum_value(bound.get("activation", 0))), bool(bound.get("doweight_stage1", False)),
+            _member(fm.QuantType, _PER_1X32), inter_dim != w1.shape[1],
+            _member(fm.ActivationType, enum_value(bound.get("activation", 0))),
+            bool(bound.get("doweight_stage1", False)),
             bound.get("hidden_pad", 0), bound.get("intermediate_pad", 0), _is_shuffled(w1) or _is_shuffled(w2),
-            fm.GateMode(getattr(bound.get("gate_mode"), "value", bound.get("gate_mode")) or "separated"),
+            _member(fm.GateMode, getattr(bound.get("gate_mode"), "value", bound.get("gate_mode")) or "separated"),
             is_ep=bound.get("expert_mask") is not None,
             has_stage2_bias=bound.get("bias2") is not None,
             opus_weights_shuffled=_is_shuffled(w1) and _is_shuffled(w2),
@@ -161,6 +169,20 @@ def _kernel_config(fm, bound, q_dtype_a, out_dtype):
         )
     except Exception:  # noqa: BLE001 - AITER's own call will raise the same; predict nothing
         return None
+
+
+_MEMBERS: dict[tuple, object] = {}  # (enum class, value) -> member: an Enum lookup by value costs ~1 µs
+
+
+def _member(enum_cls, value):
+    """``enum_cls(value)``, remembered (a value the enum refuses raises, every time, as before)."""
+    key = (enum_cls, type(value), value)
+    member = _MEMBERS.get(key)
+    if member is None:
+        member = enum_cls(value)
+        if len(_MEMBERS) < 256:
+            _MEMBERS[key] = member
+    return member
 
 
 class SortMxQuant(moe_pipeline.Feature):
@@ -180,46 +202,31 @@ class SortMxQuant(moe_pipeline.Feature):
             site.counters.fallback(foreign_layers.unreached_sort_reason())
 
     def one_launch_sort(self, site, call, step) -> None:
-        """The one-launch sort (+ quant, + the addend as moe_buf's fill); leaves ``step.outputs`` None to give the call to AITER."""
+        """The one-launch sort (+ quant, + the addend as moe_buf's fill); leaves ``step.outputs`` None to give the call to AITER.
+
+        The gate's verdict (the reasons it counts, whether it launches, and without which of the
+        quant and the addend) is kept per :func:`_verdict_key`; a hit replays the counted reasons."""
         if step.outputs is not None:
             return
         counters = site.counters
-        bound, problems = step.bind()
-        if problems:
-            counters.fallback(problems[0])
-            return
-        reason = python_level_reason(bound) or runtime.triton_backend_reason(bound["topk_ids"].device)
-        if reason is not None:
+        key = _verdict_key(step, call)
+        verdict = VERDICTS.get(key) if key is not None else None
+        if verdict is None:
+            verdict = _decide(step, call)
+            if key is not None:
+                VERDICTS.put(key, verdict)
+        for reason in verdict.reasons:
             counters.fallback(reason)
+        if not verdict.launch:
             return
-        kernel = _kernel()
-        request = _request(bound, call, step.addend_offer)
-        if request["quant_input"] is not None and request["quant_input"].shape[0] == 0:
-            # AITER's quant launcher divides by token_num: its outcome, not an empty result
-            counters.fallback("stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)")
-            request.update(quant_input=None, quant_dtype=None)
-        reason = kernel.unsupported_reason(**request)
-        if reason is not None and request["quant_input"] is not None:
-            counters.fallback(f"stage-1 quant not fused: {reason}")
-            request.update(quant_input=None, quant_dtype=None)
-            reason = kernel.unsupported_reason(**request)
-        if reason is not None and request["moe_buf_init"] is not None:
-            counters.fallback(f"addend not written in the sort launch (copied after it): {reason}")
-            request.update(moe_buf_init=None)
-            reason = kernel.unsupported_reason(**request)
-        if reason is not None:
-            counters.fallback(reason)
-            return
-        if request["quant_input"] is None and request["moe_buf_init"] is None:
-            reason = sort_only_reason(bound, kernel)
-            if reason is not None:
-                counters.fallback(reason)
-                return
+        ids, weights, experts, dim, buf_dtype, block, mask, nlt, moe_buf = step.pick(verdict.picker)
+        quant_input, quant_dtype = (call.hidden_states, call.quant_dtype) if verdict.quant else (None, None)
+        init = step.addend_offer if verdict.init else None
         try:
-            res = kernel.moe_sort_mx_quant(
-                bound["topk_ids"], bound["topk_weights"], bound["num_experts"], bound["model_dim"],
-                bound["moebuf_dtype"], bound["block_size"], zero_moe_buf=_zeroes(bound), checked=True,
-                **_kernel_kwargs(request),
+            res = _kernel().moe_sort_mx_quant(
+                ids, weights, experts, dim, buf_dtype, block, zero_moe_buf=verdict.zeroes, checked=True,
+                expert_mask=mask, num_local_tokens=nlt, quant_input=quant_input, quant_dtype=quant_dtype,
+                moe_buf=moe_buf, moe_buf_init=init,
             )
         except Exception as exc:  # a compile or launch failure: AITER does the work
             counters.failed(exc, "moe_sort_mx_quant kernel")
@@ -228,12 +235,87 @@ class SortMxQuant(moe_pipeline.Feature):
         if call is not None and res.quant is not None:
             call.stage1_quant = StageOneQuant(
                 sorted_ids=res.sorted_ids, num_valid_ids=res.num_valid_ids, sorted_weights=res.sorted_weights,
-                quant_dtype=request["quant_dtype"], data=res.quant[0], scale=res.quant[1],
-                input_key=tensor_key(request["quant_input"]), block_size=bound["block_size"],
+                quant_dtype=quant_dtype, data=res.quant[0], scale=res.quant[1],
+                input_key=tensor_key(quant_input), block_size=block,
                 counters=counters,
             )
-        step.addend_written = request["moe_buf_init"] is not None
+        step.addend_written = init is not None
         step.outputs = (res.sorted_ids, res.sorted_weights, res.sorted_expert_ids, res.num_valid_ids, res.moe_buf)
+
+
+class SortVerdict(NamedTuple):
+    """What the sort gate decided for one key: the fallback reasons it counts (in order), whether
+    the one-launch sort runs, whether with the stage-1 quant and with the addend fill, whether it
+    zero-fills ``moe_buf``, and where the launch's arguments are among the call's (``SortStep.picker``)."""
+
+    reasons: tuple
+    launch: bool
+    quant: bool = False
+    init: bool = False
+    zeroes: bool = True
+    picker: Any = None
+
+
+# the sort's arguments the launch takes, in moe_sort_mx_quant's order (then expert_mask, num_local_tokens, output)
+_LAUNCH_ARGS = ("topk_ids", "topk_weights", "num_experts", "model_dim", "moebuf_dtype", "block_size",
+                "expert_mask", "num_local_tokens", "output")
+
+
+# Verdicts by _verdict_key (never a tensor: metadata, Python values, and the functions and limits read).
+VERDICTS = call_key.Verdicts(NAME)
+
+
+def _verdict_key(step, call):
+    """Everything :func:`_decide` reads, or None (an unkeyable argument, or torch.compile tracing)."""
+    kernel = _KERNEL[0] if _KERNEL else _kernel()
+    try:
+        args = step.arguments_key()
+        offer = step.addend_offer
+        state = None if call is None else (
+            call.quant_dtype, call.stage1_quant is None,
+            None if call.hidden_states is None else call_key.value_key(call.hidden_states))
+        return (args, state, None if offer is None else call_key.value_key(offer),
+                runtime.triton_backend_reason, os.environ.get("TRITON_INTERPRET"),
+                python_level_reason, sort_only_reason, aiter_sort_launches,
+                getattr(sys.modules.get("aiter"), "moe_sorting_opus_get_workspace_size", None),
+                kernel.unsupported_reason, kernel.launch_count, kernel.MAX_TOPK, kernel.MAX_EXPERTS,
+                kernel.MAX_MODEL_DIM, kernel.ONE_LAUNCH_MAX_PAIRS, kernel.INT32_LIMIT)
+    except call_key.Unkeyable:
+        return None
+
+
+def _decide(step, call) -> SortVerdict:
+    """The sort gate in full (the counted reasons in the order it meets them)."""
+    reasons = []
+    bound, problems = step.bind()
+    if problems:
+        return SortVerdict((problems[0],), False)
+    reason = python_level_reason(bound) or runtime.triton_backend_reason(bound["topk_ids"].device)
+    if reason is not None:
+        return SortVerdict((reason,), False)
+    kernel = _kernel()
+    request = _request(bound, call, step.addend_offer)
+    if request["quant_input"] is not None and request["quant_input"].shape[0] == 0:
+        # AITER's quant launcher divides by token_num: its outcome, not an empty result
+        reasons.append("stage-1 quant not fused: 0 tokens (AITER's quant decides the outcome)")
+        request.update(quant_input=None, quant_dtype=None)
+    reason = kernel.unsupported_reason(**request)
+    if reason is not None and request["quant_input"] is not None:
+        reasons.append(f"stage-1 quant not fused: {reason}")
+        request.update(quant_input=None, quant_dtype=None)
+        reason = kernel.unsupported_reason(**request)
+    if reason is not None and request["moe_buf_init"] is not None:
+        reasons.append(f"addend not written in the sort launch (copied after it): {reason}")
+        request.update(moe_buf_init=None)
+        reason = kernel.unsupported_reason(**request)
+    if reason is not None:
+        return SortVerdict((*reasons, reason), False)
+    if request["quant_input"] is None and request["moe_buf_init"] is None:
+        reason = sort_only_reason(bound, kernel)
+        if reason is not None:
+            return SortVerdict((*reasons, reason), False)
+    return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None,
+                       _zeroes(bound), step.picker(_LAUNCH_ARGS))
 
 
 FEATURE = moe_pipeline.feature(SortMxQuant())
@@ -313,11 +395,6 @@ def _request(bound: dict, call, addend_offer) -> dict:
         "moe_buf": bound.get("output"),
         "moe_buf_init": init,
     }
-
-
-def _kernel_kwargs(request: dict) -> dict:
-    skip = ("topk_ids", "topk_weights", "num_experts", "model_dim", "block_size")
-    return {k: v for k, v in request.items() if k not in skip}
 
 
 

@@ -240,3 +240,31 @@ def test_aiter_root_is_where_aiter_keeps_hsa(tmp_path, monkeypatch):
     # AITER's own answer (aiter.jit.core.AITER_ASM_DIR, which honours AITER_META_DIR) wins
     monkeypatch.setitem(sys.modules, "aiter.jit.core", types.SimpleNamespace(AITER_ASM_DIR=f"{tmp_path}/meta/hsa/"))
     assert hb.aiter_root_of(pkg) == str(tmp_path / "meta")
+
+
+def test_asm_launcher_hands_hip_exactly_this_calls_arguments_from_kept_buffers():
+    """The kept per-thread buffers: every launch sees its own bytes and size, whatever ran before."""
+    import ctypes
+    import threading
+
+    seen = []
+
+    class FakeHip:
+        def hipModuleLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shm, stream, params, extra):
+            assert extra[0] == hb.HIP_LAUNCH_PARAM_BUFFER_POINTER and extra[2] == hb.HIP_LAUNCH_PARAM_BUFFER_SIZE
+            assert extra[4] == hb.HIP_LAUNCH_PARAM_END
+            size = ctypes.c_size_t.from_address(extra[3]).value
+            seen.append((threading.get_ident(), (gx, gy, gz), ctypes.string_at(extra[1], size)))
+            return 0
+
+    launcher = hb.AsmLauncher.__new__(hb.AsmLauncher)
+    launcher._hip, launcher._tls = FakeHip(), threading.local()
+    calls = [(b"\x01" * 8, (1, 1, 1)), (b"\x02" * 8, (2, 1, 1)), (b"\x03" * 4, (3, 1, 1)), (b"\x04" * 8, (4, 1, 1))]
+    for args, grid in calls:
+        launcher.launch(ctypes.c_void_p(1), grid, args, 0)
+    assert [(g, a) for _, g, a in seen] == [(g, a) for a, g in calls]
+    other = threading.Thread(target=lambda: launcher.launch(ctypes.c_void_p(1), (5, 1, 1), b"\x05" * 8, 0))
+    other.start()
+    other.join()
+    launcher.launch(ctypes.c_void_p(1), (6, 1, 1), b"\x06" * 8, 0)
+    assert seen[-2][2] == b"\x05" * 8 and seen[-2][0] != seen[-1][0] and seen[-1][2] == b"\x06" * 8

@@ -75,6 +75,9 @@ def test_binder_flags_what_the_pin_does_not_know():
     assert problems and "positional" in problems[0]
     _, problems = b.bind((1,), {"a": 2})
     assert problems == ["'a' given twice"]
+    _, problems = b.bind((1,), {"a": 2, "zz": 0})  # both kinds, each named
+    assert problems == ["unknown keyword 'zz'", "'a' given twice"]
+    assert b.bind((), {"a": 1, "c": 3}) == ({"a": 1, "c": 3}, [])
 
 
 def test_bad_pin_text_is_an_error():

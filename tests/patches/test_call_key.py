@@ -1,0 +1,62 @@
+"""call_key: a call's key holds what a gate may read of its arguments, and nothing else."""
+
+import enum
+
+import pytest
+import torch
+
+from aiter_patches import call_key
+
+
+class Mode(enum.Enum):
+    A = 1
+
+
+def test_the_generated_keyer_gives_value_key_per_argument():
+    t = torch.zeros(3, 4)
+    p = torch.nn.Parameter(torch.zeros(2))
+    args = (t, p, None, True, 1, 2.0, "s", torch.bfloat16, torch.device("cpu"))
+    assert call_key.args_key(args, {}) == (tuple(map(call_key.value_key, args)), ())
+    assert call_key.args_key(args, {}) == call_key.args_key(args, {})  # the kept keyer
+    assert call_key.args_key((Mode.A, t), {}) == ((call_key.value_key(Mode.A), call_key.value_key(t)), ())
+
+
+@pytest.mark.parametrize("other", [
+    lambda t: t.t(), lambda t: t.to(torch.float16), lambda t: t.reshape(4, 3), lambda t: t.requires_grad_(),
+    lambda t: torch.nn.Parameter(t), lambda t: t[:, ::2],
+])
+def test_what_a_gate_reads_of_a_tensor_changes_the_key(other):
+    t = torch.zeros(3, 4)
+    assert call_key.args_key((t,), {}) != call_key.args_key((other(torch.zeros(3, 4)),), {})
+
+
+def test_values_are_keyed_with_their_type_and_keywords_by_name():
+    assert call_key.args_key((1,), {}) != call_key.args_key((True,), {})
+    assert call_key.args_key((1.0,), {}) != call_key.args_key((1,), {})
+    assert call_key.args_key((), {"a": 1}) != call_key.args_key((1,), {})
+    assert call_key.args_key((), {"a": 1, "b": 2}) != call_key.args_key((), {"b": 2, "a": 1})
+
+
+def test_a_key_holds_no_tensor_and_reads_no_data():
+    t = torch.zeros(2, 2)
+    key = call_key.args_key((t, t), {"x": t})
+    flat = [key]
+    while flat:
+        x = flat.pop()
+        assert not isinstance(x, torch.Tensor)
+        if isinstance(x, tuple):
+            flat += list(x)
+
+
+@pytest.mark.parametrize("bad", [[1], {"a": 1}, object(), torch.zeros(1).as_subclass(type("Sub", (torch.Tensor,), {}))])
+def test_anything_else_is_unkeyable(bad):
+    with pytest.raises(call_key.Unkeyable):
+        call_key.args_key((bad,), {})
+    with pytest.raises(call_key.Unkeyable):
+        call_key.args_key((), {"k": bad})
+
+
+def test_no_key_under_torch_compile_tracing(monkeypatch):
+    monkeypatch.setattr(call_key, "_compiling", lambda: True)
+    with pytest.raises(call_key.Unkeyable):
+        call_key.args_key((1,), {})

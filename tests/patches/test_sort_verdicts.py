@@ -1,0 +1,196 @@
+"""The sort gate's verdicts kept per call key (patches/moe_sort_mx_quant.py, aiter_patches/call_key.py).
+
+A repeated ``_moe_sorting_impl`` call is decided once; a hit replays the reasons the gate counts
+and launches (or hands the call to AITER) as the gate did. Every field the gate reads is in the
+key: changing one after a hit must reach the gate again, with the gate's own reason.
+"""
+
+import pytest
+import torch
+
+import aiter_patches
+from aiter_patches import call_key
+from aiter_patches.kernels import moe_sort_mx_quant as k
+from aiter_patches.patches import moe_call
+from aiter_patches.patches import moe_sort_mx_quant as msq
+from aiter_patches.verify import suspended
+
+from .conftest import routing
+from .test_moe_sort_mx_quant_patch import assert_same_sort_and_zeroed_buf
+
+NAME = "moe_sort_mx_quant"
+E, DIM, BLOCK = 16, 256, 32
+
+
+def stats():
+    return aiter_patches.stats()[NAME]
+
+
+@pytest.fixture
+def decided(stub, monkeypatch):
+    """Fresh verdicts; the list grows by one per call the gate decides in full."""
+    monkeypatch.setattr(msq, "VERDICTS", call_key.Verdicts(NAME))
+    calls = []
+    real = msq._decide
+    monkeypatch.setattr(msq, "_decide", lambda step, call: calls.append(1) or real(step, call))
+    aiter_patches.apply([NAME])
+    return calls
+
+
+def sort_args(device, M=5, topk=4, **over):
+    ids, w = routing(M, E, topk, device)
+    a = dict(topk_ids=ids, topk_weights=w, num_experts=E, model_dim=DIM, moebuf_dtype=torch.bfloat16,
+             block_size=BLOCK, expert_mask=None, num_local_tokens=None, dispatch_policy=0, use_opus=True)
+    a.update(over)
+    return a
+
+
+def impl(a):
+    import aiter.fused_moe as fm
+
+    return fm._moe_sorting_impl(*a.values())
+
+
+def test_a_repeated_sort_is_decided_once_with_the_same_bits(stub, device, decided):
+    a = sort_args(device)
+    with suspended():
+        expected = impl(a)
+    for _ in range(3):
+        assert_same_sort_and_zeroed_buf(expected, impl(a), BLOCK)
+    assert decided == [1] and msq.VERDICTS.hits == 2
+    assert stats()["fast"] == 3 and stats()["fallback"] == {}
+
+
+def test_a_hit_counts_the_gates_reason_every_call(stub, device, decided):
+    a = sort_args(device, use_opus=False)
+    for _ in range(3):
+        impl(a)
+    assert decided == [1] and stats()["fast"] == 0
+    assert stats()["fallback"] == {"use_opus=False (the CK sort, AITER_USE_CK_MOE_SORTING=1)": 3}
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("ids int64", "topk_ids not contiguous int32 [M, topk]"),
+    ("weights strided", "topk_weights not contiguous fp32 shaped like topk_ids"),
+    ("experts", "num_experts 3 < topk 4"),
+    ("block", "block_size 48 not in 16/32/64/128"),
+    ("dispatch policy", "sort only, nothing saved"),
+    ("kernel limit", "topk 4 outside 1..3"),
+    ("AITER's launch count", "sort only, nothing saved"),
+    ("backend", "tensors on"),
+    ("keyword", None),
+])
+def test_a_change_of_what_the_gate_reads_is_decided_again(stub, device, decided, monkeypatch, change, reason):
+    a = sort_args(device)
+    impl(a)
+    impl(a)
+    assert decided == [1] and stats()["fast"] == 2
+    ids, w = a["topk_ids"], a["topk_weights"]
+    if change == "ids int64":
+        a["topk_ids"] = ids.long()
+    elif change == "weights strided":
+        a["topk_weights"] = torch.stack([w, w], dim=2)[..., 0]
+    elif change == "experts":
+        a["num_experts"] = 3
+    elif change == "block":
+        a["block_size"] = 48
+    elif change == "dispatch policy":
+        a["dispatch_policy"] = 1  # the stand-in's opus sort: one launch then
+    elif change == "kernel limit":
+        monkeypatch.setattr(k, "MAX_TOPK", 3)
+    elif change == "AITER's launch count":
+        monkeypatch.setattr(msq, "aiter_sort_launches", lambda *x: 1)
+    elif change == "backend":
+        monkeypatch.setattr(msq.runtime, "triton_backend_reason", lambda d: f"tensors on {d}: test")
+    if change == "keyword":
+        import aiter.fused_moe as fm
+
+        vals = list(a.values())
+        fm._moe_sorting_impl(*vals[:-1], use_opus=vals[-1])
+    else:
+        try:
+            impl(a)
+        except Exception:  # noqa: BLE001 - AITER's own outcome for the changed call
+            pass
+    assert decided == [1, 1], change
+    if reason is None:
+        assert stats()["fast"] == 3 and stats()["fallback"] == {}
+    else:
+        assert stats()["fast"] == 2 and [r for r in stats()["fallback"] if r.startswith(reason)], stats()
+
+
+def test_the_call_state_is_in_the_key(stub, device, decided):
+    """Inside fused_moe the predicted quant and the activations decide too: a bf16 activation gets the
+    quant; an fp32 one (same shapes) must not reuse that verdict."""
+    a = sort_args(device)
+    fp4 = torch.float4_e2m1fn_x2
+    for dtype in (torch.bfloat16, torch.bfloat16, torch.float32):
+        x = torch.randn(5, DIM).to(dtype).to(device)
+        call = moe_call.MoeCall(hidden_states=x, quant_dtype=fp4)
+        with moe_call.scope(call):
+            impl(a)
+        assert (call.stage1_quant is not None) == (dtype == torch.bfloat16)
+    assert decided == [1, 1]
+    assert any(r.startswith("stage-1 quant not fused: quant_input dtype torch.float32") for r in stats()["fallback"])
+    assert stats()["fast"] == 3  # the fp32 call sorts without the quant
+
+
+def test_kept_verdicts_hold_no_tensor(stub, device, decided):
+    a = sort_args(device)
+    impl(a)
+    x = torch.randn(5, DIM).to(torch.bfloat16).to(device)
+    with moe_call.scope(moe_call.MoeCall(hidden_states=x, quant_dtype=torch.float4_e2m1fn_x2)):
+        impl(a)
+    assert len(msq.VERDICTS) == 2
+    seen, todo = set(), [msq.VERDICTS._d]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, type) or callable(obj):
+            continue  # classes, functions and the binder's methods hold no call's tensor
+        seen.add(id(obj))
+        assert not isinstance(obj, torch.Tensor), "a kept verdict holds a tensor"
+        if isinstance(obj, dict):
+            todo += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (tuple, list, frozenset)):
+            todo += list(obj)
+        elif hasattr(obj, "__slots__"):
+            todo += [getattr(obj, s) for s in obj.__slots__ if hasattr(obj, s)]
+
+
+def test_enum_members_are_remembered_as_the_enum_gives_them():
+    import enum
+
+    class Act(enum.IntEnum):
+        SILU = 0
+        GELU = 1
+
+    assert msq._member(Act, 1) is Act.GELU and msq._member(Act, 1) is Act(1)
+    assert msq._member(Act, True) is Act(True)  # keyed with the value's type: same member as the enum's
+    for _ in range(2):  # a refused value raises every time, nothing remembered for it
+        with pytest.raises(ValueError):
+            msq._member(Act, 7)
+    assert (Act, int, 7) not in msq._MEMBERS
+
+
+@pytest.mark.parametrize("n_keywords", [0, 4, 8])
+def test_a_hit_launches_on_this_calls_arguments(stub, device, decided, n_keywords):
+    """The kept verdict says where the launch's arguments are; a hit with other routing (same
+    shapes) must sort that routing, however the arguments are given (the last ``n_keywords`` by name)."""
+    import aiter.fused_moe as fm
+
+    def call(a):
+        names = list(a)
+        cut = len(names) - n_keywords
+        return fm._moe_sorting_impl(*[a[n] for n in names[:cut]], **{n: a[n] for n in names[cut:]})
+
+    mask = torch.ones(E, dtype=torch.int32, device=device)
+    mask[3] = 0
+    cases = []
+    for seed in (0, 1, 2):
+        ids, w = routing(5, E, 4, device, seed)
+        cases.append(sort_args(device, topk_ids=ids, topk_weights=w, expert_mask=mask if seed else None))
+    with suspended():  # (suspending re-applies: a new binder, so new keys)
+        expected = [call(a) for a in cases]
+    for a, exp in zip(cases, expected):
+        assert_same_sort_and_zeroed_buf(exp, call(a), BLOCK)
+    assert decided == [1, 1] and stats()["fast"] == 3 and msq.VERDICTS.hits == 1
