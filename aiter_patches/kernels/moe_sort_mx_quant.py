@@ -90,9 +90,9 @@ CHUNK_PAIRS = 512
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
 # (padded) pairs, by tl.sort above; 0 turns either off. Judged on the bucket's ceiling (padded to a
 # power of two). bench/bench_moe_sort_quant.py --candidates times each choice (issue 16).
-DECODE_MAX_PAIRS = 512  # decode methods up to max(this, DECODE_PAIRS_PER_BIN x E_BINS) pairs
-DECODE_PAIRS_PER_BIN = 1  # the count grows with E: at 896 experts (1024 bins) the sort to 64 tokens x topk 16
-DECODE_COMPARE_MAX_PAIRS = 128  # packed one-tile comparison: ALU ~ pairs^2 / threads, no sort stages
+DECODE_MAX_PAIRS = 32  # decode methods up to max(this, DECODE_PAIRS_PER_BIN x E_BINS) pairs (H200 table below)
+DECODE_PAIRS_PER_BIN = 0.5  # the count grows with E: the sort beat it up to E_BINS / 2 pairs (docs/bench/moe_sort_quant_candidates_h200.md)
+DECODE_COMPARE_MAX_PAIRS = 64  # packed one-tile comparison: ALU ~ pairs^2 / threads; at 128 pairs 2x the sort on the H200
 DECODE_COMPARE_TILE = 4096  # elements of a comparison tile [CH, PAIRS_PAD] (16384: 754 SGPRs spilled on AMD at 128)
 DECODE_SORT_SELECT = True  # sort: own slots select their rows from the sorted vectors (else reload + count)
 DECODE_NUM_WARPS = 0  # warps of a decode-method launch (0: as the row work picks, 4 or 8)

@@ -128,15 +128,15 @@ def launches(stub, monkeypatch):
     from aiter_patches.kernels import blockscale_gemm_splitk as kernel
 
     seen = []
-    original = kernel.blockscale_gemm_splitk
+    original = kernel.run_plan  # every one-launch call, the API's and the out_zeroed gate's kept-plan hits alike
 
-    def counted(A, B, out, A_scale, B_scale, *, splits, zero_out=True, **kw):
-        if zero_out and splits > 1:
+    def counted(plan, *tensors):
+        if plan.zero_out and plan.splits > 1:
             seen.append(("memset",))
-        seen.append(("gemm", splits))
-        return original(A, B, out, A_scale, B_scale, splits=splits, zero_out=zero_out, **kw)
+        seen.append(("gemm", plan.splits))
+        return original(plan, *tensors)
 
-    monkeypatch.setattr(kernel, "blockscale_gemm_splitk", counted)
+    monkeypatch.setattr(kernel, "run_plan", counted)
     return seen
 
 
