@@ -149,6 +149,9 @@ def pool_scope(model, device, tokens: int, cap: int):
     zeroed now on the current stream; on a normal exit, what this forward asked for is remembered."""
     import torch
 
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # compared with tensors' devices, which name their index
+        device = torch.device("cuda", torch.cuda.current_device())
     key = (str(device), tokens)
     try:
         learned = _demand.setdefault(model, {})
