@@ -409,6 +409,7 @@ class Report:
     version: str | None
     targets: list[TargetResult]
     relied_on: list[SourceResult]
+    library: str = "AITER"  # what was read: AITER, or a server package (`drift --server`)
 
     @property
     def exit_code(self) -> int:
@@ -514,7 +515,7 @@ def _short(t: TargetResult, width: int = 100) -> str:
 
 
 def render_table(report: Report) -> str:
-    out = [f"AITER: {report.source}" + (f" (version {report.version})" if report.version else ""), ""]
+    out = [f"{report.library}: {report.source}" + (f" (version {report.version})" if report.version else ""), ""]
     rows = []
     for t in report.targets:
         rows.append([t.patch, t.target, t.status, f"pin {t.pin}" if t.status == MATCH else _short(t)])

@@ -122,4 +122,4 @@ def check(tree: ServerTree, patch_list: Sequence[Any] | None = None) -> drift.Re
                for p in patch_list for t in p.targets if _ours(t.module, tree.package)]
     relied = [drift._check_source(tree, p.name, sp)
               for p in patch_list for sp in p.relies_on if _ours(sp.module, tree.package)]
-    return drift.Report(tree.description, tree.version(), targets, relied)
+    return drift.Report(tree.description, tree.version(), targets, relied, library=tree.package)

@@ -60,3 +60,9 @@ def test_not_a_server_source(tmp_path):
         server_drift.open_server(tmp_path / "x.whl")
     proc = _cli("--server", str(tmp_path))
     assert proc.returncode == 2 and "no sglang/ or vllm/ package" in proc.stderr
+
+
+def test_the_text_report_names_the_server_it_read():
+    proc = _cli("--server", str(wheel()))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(f"sglang: {wheel()}"), proc.stdout.splitlines()[0]
