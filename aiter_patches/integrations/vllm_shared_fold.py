@@ -55,7 +55,7 @@ from ..declarations import APPLIED, Patch, SourcePin, Target
 from ..patches import moe_call
 from ..patches import pins as aiter_pins
 from ..signatures import Pin
-from . import compile_state, source_gate
+from . import addend_offer, compile_state, source_gate
 
 NAME = "vllm_shared_expert_fold"
 FOLD = "moe_addend_fold"
@@ -270,19 +270,7 @@ def _fused_moe_wrapper(inner, site):
         scope.offered = True  # one routed call per scope
         bound, problems = binder.bind(args, kwargs)
         add = scope.shared
-        reason = problems[0] if problems else None
-        if reason is None and not takes_addend:
-            reason = f"{FOLD}'s layer is not under this one"
-        if reason is None:
-            hs, ids, w2 = bound["hidden_states"], bound["topk_ids"], bound["w2"]
-            dtype = bound.get("dtype") or hs.dtype
-            if bound.get("output") is not None:
-                reason = "fused_moe(output=...): a caller-owned buffer"
-            elif tuple(add.shape) != (ids.shape[0], w2.shape[1]) or add.dtype != dtype or add.device != ids.device:
-                reason = (f"shared output {list(add.shape)} {add.dtype} is not fused_moe's output "
-                          f"[{ids.shape[0]}, {w2.shape[1]}] {dtype} (padded hidden size, other dtype)")
-            elif _stream(ids.device) != scope.stream:
-                reason = "the routed call runs on another stream than the shared experts"
+        reason = addend_offer.reason(bound, problems, add, takes_addend, _stream, scope.stream)
         if reason is not None:
             counters.fallback(reason)
             return inner(*args, **kwargs)

@@ -1,0 +1,32 @@
+"""Whether a server's shared-expert output may go to this ``fused_moe`` call as ``moe_addend``.
+
+The SGLang and vLLM folds take the same decision at the routed call: the addend must be
+exactly the tensor ``fused_moe`` would return (shape, dtype, device), on the stream the shared
+experts ran on, with ``moe_addend_fold``'s layer below to take it and no caller-owned output.
+One function, so the two servers cannot drift apart on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+FOLD = "moe_addend_fold"
+
+
+def reason(bound: dict, problems: list[str], add: Any, takes_addend: bool,
+           stream_of: Callable[[Any], Any], shared_stream: Any) -> str | None:
+    """None when ``add`` may be passed; else why not (counted by the caller)."""
+    if problems:
+        return problems[0]
+    if not takes_addend:
+        return f"{FOLD}'s layer is not under this one"
+    hs, ids, w2 = bound["hidden_states"], bound["topk_ids"], bound["w2"]
+    dtype = bound.get("dtype") or hs.dtype
+    if bound.get("output") is not None:
+        return "fused_moe(output=...): a caller-owned buffer"
+    if tuple(add.shape) != (ids.shape[0], w2.shape[1]) or add.dtype != dtype or add.device != ids.device:
+        return (f"shared output {list(add.shape)} {add.dtype} is not fused_moe's output "
+                f"[{ids.shape[0]}, {w2.shape[1]}] {dtype} (padded hidden size, other dtype)")
+    if stream_of(ids.device) != shared_stream:
+        return "the routed call runs on another stream than the shared experts"
+    return None
