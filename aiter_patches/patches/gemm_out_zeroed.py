@@ -113,10 +113,12 @@ def _wrapper(inner, site):
     def gemm_a8w8_blockscale_bpreshuffle_asm(*args, out_zeroed=False, **kwargs):
         if not out_zeroed:
             return inner(*args, **kwargs)
-        try:
-            key = (call_key.args_key(args, kwargs), _environment())
-        except call_key.Unkeyable:
-            key = None
+        key = None
+        if _stand_in(sys.modules.get("aiter")):  # real AITER's .co branch is decided every call: no key to make
+            try:
+                key = (call_key.args_key(args, kwargs), _environment())
+            except call_key.Unkeyable:
+                pass
         got = verdicts.get(key) if key is not None else None
         if got is None:
             plan, operands, bound, keep = _decide(binder, args, kwargs)
@@ -151,6 +153,9 @@ def _decide(binder, args, kwargs):
         return HandBack(problems[0]), None, bound, True
     if bound.get("bias") is not None:
         return HandBack("bias given"), None, bound, True
+    for name in ("splitK", "bpreshuffle"):  # read by value: a tensor would be keyed by metadata only
+        if isinstance(bound.get(name), torch.Tensor):
+            return HandBack(f"{name} is a tensor: the gate reads it as a Python value"), None, bound, True
     reason = _autograd_reason(bound["out"])
     if reason is not None:
         return HandBack(reason), None, bound, True

@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Any, NamedTuple
 
+import torch
+
 from .. import call_key, foreign_layers, runtime
 from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
 from ..declarations import Patch
@@ -359,8 +361,17 @@ def sort_only_reason(bound: dict, kernel) -> str | None:
     return None
 
 
+# Read by value (truthiness, sizes, policy): a tensor there would be read on the device (a sync) and
+# keyed by its metadata only, so a kept verdict would outlive a changed value.
+VALUE_PARAMS = ("accumulate", "output_aux", "return_local_topk_ids", "use_opus", "num_experts", "block_size",
+                "dispatch_policy", "model_dim")
+
+
 def python_level_reason(bound: dict) -> str | None:
     """Arguments the one-launch sort does not cover (AITER's own path handles them)."""
+    for name in VALUE_PARAMS:
+        if isinstance(bound.get(name), torch.Tensor):
+            return f"{name} is a tensor: the gate reads it as a Python value (AITER's own path takes it)"
     if bound.get("output_aux"):
         return "output_aux (the a4w4 adaptive sort)"
     if bound.get("return_local_topk_ids"):
