@@ -37,5 +37,5 @@ def not_switched_on(patches: Iterable) -> dict[str, str]:
     """``{patch name: reason}`` for every opt-in patch the switch leaves off."""
     groups = {p.name: p.opt_in for p in patches if getattr(p, "opt_in", None)}
     on = requested(groups)
-    return {name: f"an opt-in {group} integration: {ENV}={group} (or its name) turns it on"
+    return {name: f"opt-in: {ENV}={group} turns it on"  # short: one status line holds every patch
             for name, group in groups.items() if name not in on}
