@@ -67,8 +67,12 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "compare-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=8),
     "compare-16k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=16384),
     "old-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
+    # the buckets of one and two tokens (this round's candidate; the comparison without packed
+    # fields, summing each pair's padding in 16.16 fixed point, lost in every row: see
+    # docs/bench/moe_sort_quant_buckets_h200.md)
+    "prev": dict(TOKEN_BUCKETS=(4, 8, 16, 32, 64, 256, 1024)),
 }
-CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k"
+CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k,prev"
 
 
 @contextlib.contextmanager
@@ -216,13 +220,15 @@ def verdict(lines: list[str], heads: list[str], methods: list[str]) -> list[str]
                 if r[col[f"{a} us"]] != "–" and r[col[f"{b} us"]] != "–"]
         return sum(x < y for x, y in both), len(both)
 
+    methods = ["new", *methods]  # `new us` is a column of every table
     for a, b, what in (("sort", "sort-reload", "DECODE_SORT_SELECT True (sort) vs False (sort-reload)"),
                        ("sort-8w", "sort", "DECODE_NUM_WARPS 8 vs 0, sort"),
                        ("sort-16w", "sort", "DECODE_NUM_WARPS 16 vs 0, sort"),
                        ("compare-8w", "compare", "DECODE_NUM_WARPS 8 vs 0, compare"),
                        ("compare-16k", "compare", "DECODE_COMPARE_TILE 16384 vs the default"),
                        ("old", "old-onehot", "COUNT_GATHER True (old) vs False (old-onehot), the count"),
-                       ("coarse", "main", "coarse buckets with this round's methods vs main")):
+                       ("coarse", "main", "coarse buckets with this round's methods vs main"),
+                       ("new", "prev", "TOKEN_BUCKETS from 1 token (new) vs from 4 (prev)")):
         if a in methods and b in methods:
             n, of = wins(a, b)
             out.append(f"`{a}` faster than `{b}` in {n} of {of} rows ({what}).")

@@ -108,7 +108,9 @@ QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups 
 # Token-count buckets: every constexpr the launch derives from the batch comes from the ceiling of
 # the token count's bucket (``_batch_params``), so one model configuration compiles a fixed few
 # variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
-TOKEN_BUCKETS = (4, 8, 16, 32, 64, 256, 1024)
+# 1 and 2: below 4 tokens a comparison sized for 4 tokens' pairs cost 896-expert decode ~1 µs on the H200
+# (docs/bench/moe_sort_quant_buckets_h200.md)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256, 1024)
 MAX_EXPERTS = 2048
 MAX_BLOCK = 128  # block sizes 16..128 (powers of two) are a runtime argument
 PAD_STEP = 16  # padding is written in [K_PAD, PAD_STEP] tiles, BLOCK // PAD_STEP of them (a runtime loop)
