@@ -44,7 +44,7 @@ from ..patches import moe_call
 from ..patches import pins as aiter_pins
 from ..declarations import APPLIED, Patch, SourcePin, Target
 from ..signatures import Pin
-from . import addend_offer, compile_state, source_gate
+from . import addend_offer, compile_state, source_gate, streams
 
 NAME = "sglang_shared_expert_fold"
 FOLD = "moe_addend_fold"
@@ -112,12 +112,7 @@ class _Scope:
 _scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("aiter_patches_sglang_fold", default=None)
 
 
-def _stream(device) -> Any:
-    import torch
-
-    if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
-        return torch.cuda.current_stream(device)
-    return None
+_stream = streams.current  # this module's seam: a test moves its calls to another stream
 
 
 def blocker(layer, g: dict, skip_shared_experts: bool, return_moe_output: bool, leave_output_sum: bool,

@@ -49,7 +49,7 @@ from ..drift import live_source_reason
 from ..patches import gemm_dispatch_out_zeroed as dispatch
 from ..patches import moe_call
 from ..signatures import Pin
-from . import compile_state, source_gate
+from . import compile_state, source_gate, streams
 
 NAME = "sglang_gemm_zero_pool"
 DISPATCH = dispatch.NAME
@@ -104,12 +104,7 @@ _demand: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  #
 _split_cache: dict = {}  # (M, N, K) -> True / the reason it is not an asm split above one
 
 
-def _stream(device) -> Any:
-    import torch
-
-    if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
-        return torch.cuda.current_stream(device)
-    return None
+_stream = streams.current  # this module's seam: a test moves its calls to another stream
 
 
 def asm_split_reason(M: int, N: int, K: int) -> str | None:
