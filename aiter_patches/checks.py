@@ -3,7 +3,9 @@
 Each MoE patch keeps its ``check`` beside it (``patches/moe_sort_mx_quant.py``,
 ``moe_addend_fold.py``, ``sort_extension.py``); they share the routing, the
 stand-in's ``fused_moe`` weights, the sort's defined region and the masked MX
-bytes, which live here once.
+bytes, which live here once. The two checks of a skipped split-K memset
+(``patches/gemm_dispatch_out_zeroed.py``, ``integrations/sglang_zero_pool.py``)
+share their verdict: ``split_k_verdict``.
 
 A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort
 helpers, ``fused_moe`` on the stand-in) with the patch
@@ -19,6 +21,7 @@ import sys
 import torch
 
 from . import registry
+from .declarations import CheckResult
 from .patches import moe_call
 from .verify import suspended
 
@@ -127,3 +130,25 @@ def whole_fused_moe_bitwise(device) -> list[str]:
     with suspended():
         original = fm.fused_moe(**args)
     return [] if torch.equal(patched.view(torch.int16), original.view(torch.int16)) else ["fused_moe output differs"]
+
+
+SPLIT_K_BOUND = 1e-2  # relative 2-norm error of AITER's atomically added asm splits vs. its memset + GEMM
+
+
+def split_k_verdict(patched, original, *, stand_in: bool, taken: bool, missing: str, taken_detail: str,
+                    untaken_detail: str, bound_detail: str) -> CheckResult:
+    """The verdict of a check whose patched GEMM may skip AITER's memset before its split-K asm kernel.
+
+    On the stand-in the fast path must be taken (else ``missing``) and its splits add in a fixed
+    order: bitwise. On real AITER, bitwise where the tuned config did not take it; where it did,
+    AITER's splits add atomically (in any order), so within ``SPLIT_K_BOUND`` (2-norm, relative).
+    """
+    if stand_in and not taken:
+        return CheckResult("bitwise", False, missing)
+    if stand_in or not taken:
+        ok = torch.equal(patched.view(torch.int16), original.view(torch.int16))
+        detail = taken_detail if taken else untaken_detail
+        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
+    err = ((patched.float() - original.float()).norm() / original.float().norm()).item()
+    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= SPLIT_K_BOUND,
+                       f"{bound_detail}; relative error {err:.2e}")

@@ -280,7 +280,7 @@ def check(device):
     import torch
 
     from .. import registry
-    from ..declarations import CheckResult
+    from ..checks import split_k_verdict
     from ..reference.blockscale_gemm import shuffle_weight_16x16
     from ..verify import suspended
 
@@ -316,16 +316,12 @@ def check(device):
         if stand_in:
             mod.TUNED.clear()
             mod.TUNED.update(saved)
-    if stand_in and not pooled:
-        return CheckResult("bitwise", False, f"no pool slice was taken ({registry.stats()[NAME]['fallback']})")
-    if stand_in or not pooled:
-        ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
-        detail = "a pool slice with out_zeroed=True equals the dispatcher's own output" if pooled else \
-            "AITER's tuned config runs no split-K asm here: no slice taken, AITER's result"
-        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
-    err = ((out_p.float() - out_o.float()).norm() / out_o.float().norm()).item()
-    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= 1e-2,
-                       f"asm took a pool slice; relative error {err:.2e}")
+    return split_k_verdict(
+        out_p, out_o, stand_in=stand_in, taken=pooled,
+        missing=f"no pool slice was taken ({registry.stats()[NAME]['fallback']})",
+        taken_detail="a pool slice with out_zeroed=True equals the dispatcher's own output",
+        untaken_detail="AITER's tuned config runs no split-K asm here: no slice taken, AITER's result",
+        bound_detail="asm took a pool slice")
 
 
 PATCH = Patch(

@@ -136,7 +136,7 @@ def check(device):
 
     import torch
 
-    from ..declarations import CheckResult
+    from ..checks import split_k_verdict
     from ..reference.blockscale_gemm import shuffle_weight_16x16
     from ..verify import suspended
     from .. import registry
@@ -165,16 +165,12 @@ def check(device):
         if stand_in:
             mod.TUNED.clear()
             mod.TUNED.update(saved)
-    if stand_in and not forwarded:
-        return CheckResult("bitwise", False, f"the promise was not forwarded ({registry.stats()[NAME]['fallback']})")
-    if stand_in or not forwarded:
-        ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
-        detail = "asm split 2 without memset equals the dispatcher's memset + GEMM" if forwarded else \
-            "the tuned config did not choose asm here: the promise was ignored, AITER's result"
-        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
-    err = ((out_p.float() - out_o.float()).norm() / out_o.float().norm()).item()
-    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= 1e-2,
-                       f"asm took the promise; relative error {err:.2e}")
+    return split_k_verdict(
+        out_p, out_o, stand_in=stand_in, taken=forwarded,
+        missing=f"the promise was not forwarded ({registry.stats()[NAME]['fallback']})",
+        taken_detail="asm split 2 without memset equals the dispatcher's memset + GEMM",
+        untaken_detail="the tuned config did not choose asm here: the promise was ignored, AITER's result",
+        bound_detail="asm took the promise")
 
 
 PATCH = Patch(
