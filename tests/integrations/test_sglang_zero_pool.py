@@ -122,24 +122,6 @@ def on(monkeypatch):
     pool_mod._split_cache.clear()
 
 
-@pytest.fixture
-def launches(stub, monkeypatch):
-    """The stand-in kernel's launches: ('memset',) for the split-K zero fill, ('gemm', splits)."""
-    from aiter_patches.kernels import blockscale_gemm_splitk as kernel
-
-    seen = []
-    original = kernel.run_plan  # every one-launch call, the API's and the out_zeroed gate's kept-plan hits alike
-
-    def counted(plan, *tensors):
-        if plan.zero_out and plan.splits > 1:
-            seen.append(("memset",))
-        seen.append(("gemm", plan.splits))
-        return original(plan, *tensors)
-
-    monkeypatch.setattr(kernel, "run_plan", counted)
-    return seen
-
-
 class Fills(TorchDispatchMode):
     """Counts zero fills of at least ``numel`` elements (the pool's), by aten op."""
 
@@ -196,13 +178,6 @@ def forward(model, M, device):
     batch = types.SimpleNamespace(can_run_tbo=False, forward_mode=types.SimpleNamespace(is_idle=lambda: False))
     ids = torch.zeros(M, dtype=torch.long, device=device)
     return model.forward(ids, torch.arange(M, device=device), batch)
-
-
-@pytest.fixture
-def tuned(stub, monkeypatch):
-    table = {}
-    monkeypatch.setattr(sys.modules[GEMM], "TUNED", table)
-    return table
 
 
 def import_all():
