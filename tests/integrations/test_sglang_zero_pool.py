@@ -22,7 +22,7 @@ from aiter_patches.integrations import sglang_zero_pool as pool_mod
 from aiter_patches.verify import suspended
 from patches.test_gemm_out_zeroed import make_inputs
 
-from . import sglang_tree
+from . import server_tree, sglang_tree
 from .sglang_tree import importable, write_tree
 
 NAME = "sglang_gemm_zero_pool"
@@ -103,9 +103,9 @@ def write_pool_tree(root: Path, edit=None) -> Path:
     write_tree(root, edit)
     ds_text, fp8_text = sglang_tree.read(sglang_tree.DS), sglang_tree.read(FP8_MEMBER)
     ds = root / sglang_tree.DS
-    forward = edit("DeepseekV2Model.forward", sglang_tree._segment(ds_text, "DeepseekV2Model.forward"))
+    forward = edit("DeepseekV2Model.forward", server_tree.segment(ds_text, "DeepseekV2Model.forward"))
     ds.write_text(ds.read_text() + _MODEL_HEAD + forward)
-    body = "\n\n".join(edit(f, sglang_tree._segment(fp8_text, f)) for f in FP8_FUNCTIONS)
+    body = "\n\n".join(edit(f, server_tree.segment(fp8_text, f)) for f in FP8_FUNCTIONS)
     (root / FP8_MEMBER).write_text(_FP8_HEAD + body)
     return root
 
@@ -427,7 +427,7 @@ def test_the_triton_list_is_sglangs():
 
     from aiter_patches.integrations.facts import sglang_gemm_reach as reach
 
-    src = sglang_tree._segment(sglang_tree.read(FP8_MEMBER), "use_aiter_triton_gemm_w8a8_tuned_gfx950")
+    src = server_tree.segment(sglang_tree.read(FP8_MEMBER), "use_aiter_triton_gemm_w8a8_tuned_gfx950")
     lists = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.List)]
     assert len(lists) == 1 and set(ast.literal_eval(lists[0])) == reach.TRITON_NK
 
