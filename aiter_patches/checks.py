@@ -5,7 +5,8 @@ Each MoE patch keeps its ``check`` beside it (``patches/moe_sort_mx_quant.py``,
 stand-in's ``fused_moe`` weights, the sort's defined region and the masked MX
 bytes, which live here once. The two checks of a skipped split-K memset
 (``patches/gemm_dispatch_out_zeroed.py``, ``integrations/sglang_zero_pool.py``)
-share their verdict: ``split_k_verdict``.
+share their inputs, the stand-in's tuned entry and their verdict: ``split_k_gemm_inputs``,
+``stand_in_split_k``, ``split_k_verdict``.
 
 A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort
 helpers, ``fused_moe`` on the stand-in) with the patch
@@ -16,6 +17,7 @@ path was taken (a check that only exercised fallbacks would prove nothing).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -130,6 +132,40 @@ def whole_fused_moe_bitwise(device) -> list[str]:
     with suspended():
         original = fm.fused_moe(**args)
     return [] if torch.equal(patched.view(torch.int16), original.view(torch.int16)) else ["fused_moe output differs"]
+
+
+SPLIT_K_SHAPE = (16, 256, 512)  # (M, N, K) of the skipped-memset checks
+
+
+def split_k_gemm_inputs(device, seed: int):
+    """fp8 ``A`` [M, K], a 16x16-shuffled fp8 ``B`` [N, K], ``A``'s 1x128 scales (K-major, transposed) and ``B``'s
+    128x128 scales, as AITER's block-scale dispatcher takes them, for ``SPLIT_K_SHAPE``."""
+    from .reference.blockscale_gemm import shuffle_weight_16x16
+
+    fp8 = sys.modules["aiter"].dtypes.fp8
+    g = torch.Generator().manual_seed(seed)
+    M, N, K = SPLIT_K_SHAPE
+    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
+    Bs = shuffle_weight_16x16((torch.randn(N, K, generator=g) * 2).to(fp8)).to(device)
+    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()
+    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
+    return A, Bs, a_scale, b_scale
+
+
+@contextlib.contextmanager
+def stand_in_split_k(mod):
+    """Yields whether ``aiter`` is the stand-in; if so, its tuned table ``mod.TUNED`` sends ``SPLIT_K_SHAPE`` to asm
+    with two splits for the duration (restored after). On real AITER the installed tuned config decides."""
+    stand_in = getattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    saved = dict(getattr(mod, "TUNED", {}))
+    if stand_in:
+        mod.TUNED[SPLIT_K_SHAPE] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
+    try:
+        yield stand_in
+    finally:
+        if stand_in:
+            mod.TUNED.clear()
+            mod.TUNED.update(saved)
 
 
 SPLIT_K_BOUND = 1e-2  # relative 2-norm error of AITER's atomically added asm splits vs. its memset + GEMM

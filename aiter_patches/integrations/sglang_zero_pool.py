@@ -280,42 +280,28 @@ def check(device):
     import torch
 
     from .. import registry
-    from ..checks import split_k_verdict
-    from ..reference.blockscale_gemm import shuffle_weight_16x16
+    from ..checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_verdict, stand_in_split_k
     from ..verify import suspended
 
-    aiter = sys.modules["aiter"]
     mod = sys.modules[dispatch.MODULE]
-    fp8 = aiter.dtypes.fp8
-    g = torch.Generator().manual_seed(12)
-    M, N, K = 16, 256, 512
-    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
-    Bs = shuffle_weight_16x16((torch.randn(N, K, generator=g) * 2).to(fp8)).to(device)
-    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()
-    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
-    stand_in = getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
-    saved = dict(getattr(mod, "TUNED", {}))
-    if stand_in:
-        mod.TUNED[(M, N, K)] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
-    _split_cache.pop((M, N, K), None)
+    A, Bs, a_scale, b_scale = split_k_gemm_inputs(device, seed=12)
 
     class _Model:
         pass
 
     model = _Model()
-    try:
-        for _ in range(2):
-            before = registry.stats()[NAME]["fast"]
-            with pool_scope(model, A.device, M, DEFAULT_CAP_MIB << 19):
-                out_p = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
-        pooled = registry.stats()[NAME]["fast"] > before
-        with suspended():
-            out_o = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
-    finally:
-        _split_cache.pop((M, N, K), None)
-        if stand_in:
-            mod.TUNED.clear()
-            mod.TUNED.update(saved)
+    with stand_in_split_k(mod) as stand_in:
+        _split_cache.pop(SPLIT_K_SHAPE, None)
+        try:
+            for _ in range(2):
+                before = registry.stats()[NAME]["fast"]
+                with pool_scope(model, A.device, A.shape[0], DEFAULT_CAP_MIB << 19):
+                    out_p = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+            pooled = registry.stats()[NAME]["fast"] > before
+            with suspended():
+                out_o = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+        finally:
+            _split_cache.pop(SPLIT_K_SHAPE, None)
     return split_k_verdict(
         out_p, out_o, stand_in=stand_in, taken=pooled,
         missing=f"no pool slice was taken ({registry.stats()[NAME]['fallback']})",
