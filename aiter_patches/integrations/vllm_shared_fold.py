@@ -256,15 +256,9 @@ def _fused_moe_wrapper(inner, site):
         scope = _scope.get()
         if not isinstance(scope, _Scope) or scope.shared is None or scope.offered or "moe_addend" in kwargs:
             return inner(*args, **kwargs)
-        scope.offered = True  # one routed call per scope
-        bound, problems = binder.bind(args, kwargs)
-        add = scope.shared
-        reason = addend_offer.reason(bound, problems, add, takes_addend, _stream, scope.stream)
-        if reason is not None:
-            counters.fallback(reason)
-            return inner(*args, **kwargs)
-        out = inner(*args, moe_addend=add, **kwargs)
-        scope.folded = True  # moe_addend_fold's contract: out holds routed + shared
+        out, folded = addend_offer.offer(inner, args, kwargs, scope, binder, counters, takes_addend, _stream)
+        if folded:
+            scope.folded = True  # moe_addend_fold's contract: out holds routed + shared
         return out
 
     return moe_call.like(fused_moe, inner)
