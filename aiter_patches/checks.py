@@ -3,7 +3,10 @@
 Each MoE patch keeps its ``check`` beside it (``patches/moe_sort_mx_quant.py``,
 ``moe_addend_fold.py``, ``sort_extension.py``); they share the routing, the
 stand-in's ``fused_moe`` weights, the sort's defined region and the masked MX
-bytes, which live here once.
+bytes, which live here once. The two checks of a skipped split-K memset
+(``patches/gemm_dispatch_out_zeroed.py``, ``integrations/sglang_zero_pool.py``)
+share their inputs, the stand-in's tuned entry and their verdict: ``split_k_gemm_inputs``,
+``stand_in_split_k``, ``split_k_verdict``.
 
 A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort
 helpers, ``fused_moe`` on the stand-in) with the patch
@@ -14,11 +17,13 @@ path was taken (a check that only exercised fallbacks would prove nothing).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
 
 from . import registry
+from .declarations import CheckResult
 from .patches import moe_call
 from .verify import suspended
 
@@ -127,3 +132,59 @@ def whole_fused_moe_bitwise(device) -> list[str]:
     with suspended():
         original = fm.fused_moe(**args)
     return [] if torch.equal(patched.view(torch.int16), original.view(torch.int16)) else ["fused_moe output differs"]
+
+
+SPLIT_K_SHAPE = (16, 256, 512)  # (M, N, K) of the skipped-memset checks
+
+
+def split_k_gemm_inputs(device, seed: int):
+    """fp8 ``A`` [M, K], a 16x16-shuffled fp8 ``B`` [N, K], ``A``'s 1x128 scales (K-major, transposed) and ``B``'s
+    128x128 scales, as AITER's block-scale dispatcher takes them, for ``SPLIT_K_SHAPE``."""
+    from .reference.blockscale_gemm import shuffle_weight_16x16
+
+    fp8 = sys.modules["aiter"].dtypes.fp8
+    g = torch.Generator().manual_seed(seed)
+    M, N, K = SPLIT_K_SHAPE
+    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
+    Bs = shuffle_weight_16x16((torch.randn(N, K, generator=g) * 2).to(fp8)).to(device)
+    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()
+    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
+    return A, Bs, a_scale, b_scale
+
+
+@contextlib.contextmanager
+def stand_in_split_k(mod):
+    """Yields whether ``aiter`` is the stand-in; if so, its tuned table ``mod.TUNED`` sends ``SPLIT_K_SHAPE`` to asm
+    with two splits for the duration (restored after). On real AITER the installed tuned config decides."""
+    stand_in = getattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    saved = dict(getattr(mod, "TUNED", {}))
+    if stand_in:
+        mod.TUNED[SPLIT_K_SHAPE] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
+    try:
+        yield stand_in
+    finally:
+        if stand_in:
+            mod.TUNED.clear()
+            mod.TUNED.update(saved)
+
+
+SPLIT_K_BOUND = 1e-2  # relative 2-norm error of AITER's atomically added asm splits vs. its memset + GEMM
+
+
+def split_k_verdict(patched, original, *, stand_in: bool, taken: bool, missing: str, taken_detail: str,
+                    untaken_detail: str, bound_detail: str) -> CheckResult:
+    """The verdict of a check whose patched GEMM may skip AITER's memset before its split-K asm kernel.
+
+    On the stand-in the fast path must be taken (else ``missing``) and its splits add in a fixed
+    order: bitwise. On real AITER, bitwise where the tuned config did not take it; where it did,
+    AITER's splits add atomically (in any order), so within ``SPLIT_K_BOUND`` (2-norm, relative).
+    """
+    if stand_in and not taken:
+        return CheckResult("bitwise", False, missing)
+    if stand_in or not taken:
+        ok = torch.equal(patched.view(torch.int16), original.view(torch.int16))
+        detail = taken_detail if taken else untaken_detail
+        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
+    err = ((patched.float() - original.float()).norm() / original.float().norm()).item()
+    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= SPLIT_K_BOUND,
+                       f"{bound_detail}; relative error {err:.2e}")

@@ -3,7 +3,8 @@
 The SGLang and vLLM folds take the same decision at the routed call: the addend must be
 exactly the tensor ``fused_moe`` would return (shape, dtype, device), on the stream the shared
 experts ran on, with ``moe_addend_fold``'s layer below to take it and no caller-owned output.
-One function, so the two servers cannot drift apart on it.
+One function, so the two servers cannot drift apart on it; ``offer`` is the routed call's hook
+body that both folds run once their scope holds a shared output.
 """
 
 from __future__ import annotations
@@ -30,3 +31,20 @@ def reason(bound: dict, problems: list[str], add: Any, takes_addend: bool,
     if stream_of(ids.device) != shared_stream:
         return "the routed call runs on another stream than the shared experts"
     return None
+
+
+def offer(inner, args: tuple, kwargs: dict, scope: Any, binder: Any, counters: Any, takes_addend: bool,
+          stream_of: Callable[[Any], Any]) -> tuple[Any, bool]:
+    """``inner(*args, **kwargs)`` with ``moe_addend=scope.shared`` where ``reason`` allows it, else as given (counted).
+
+    Marks the scope ``offered`` first: one routed call per scope (a second one is not the one the server
+    adds the shared output to). Returns the output and whether the addend was passed.
+    """
+    scope.offered = True
+    bound, problems = binder.bind(args, kwargs)
+    add = scope.shared
+    why = reason(bound, problems, add, takes_addend, stream_of, scope.stream)
+    if why is not None:
+        counters.fallback(why)
+        return inner(*args, **kwargs), False
+    return inner(*args, moe_addend=add, **kwargs), True

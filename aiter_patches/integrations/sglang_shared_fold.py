@@ -44,7 +44,7 @@ from ..patches import moe_call
 from ..patches import pins as aiter_pins
 from ..declarations import APPLIED, Patch, SourcePin, Target
 from ..signatures import Pin
-from . import addend_offer, compile_state, source_gate
+from . import addend_offer, compile_state, source_gate, streams
 
 NAME = "sglang_shared_expert_fold"
 FOLD = "moe_addend_fold"
@@ -112,12 +112,7 @@ class _Scope:
 _scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("aiter_patches_sglang_fold", default=None)
 
 
-def _stream(device) -> Any:
-    import torch
-
-    if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
-        return torch.cuda.current_stream(device)
-    return None
+_stream = streams.current  # this module's seam: a test moves its calls to another stream
 
 
 def blocker(layer, g: dict, skip_shared_experts: bool, return_moe_output: bool, leave_output_sum: bool,
@@ -233,15 +228,9 @@ def _fused_moe_wrapper(inner, site):
         scope = _scope.get()
         if scope is None or scope.shared is None or scope.offered or "moe_addend" in kwargs:
             return inner(*args, **kwargs)
-        scope.offered = True  # one routed call per scope: a second one is not the one SGLang adds to
-        bound, problems = binder.bind(args, kwargs)
-        add = scope.shared
-        reason = addend_offer.reason(bound, problems, add, takes_addend, _stream, scope.stream)
-        if reason is not None:
-            counters.fallback(reason)
-            return inner(*args, **kwargs)
-        out = inner(*args, moe_addend=add, **kwargs)
-        scope.out = out
+        out, folded = addend_offer.offer(inner, args, kwargs, scope, binder, counters, takes_addend, _stream)
+        if folded:
+            scope.out = out
         return out
 
     return moe_call.like(fused_moe, inner)

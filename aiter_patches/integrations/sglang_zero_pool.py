@@ -49,7 +49,7 @@ from ..drift import live_source_reason
 from ..patches import gemm_dispatch_out_zeroed as dispatch
 from ..patches import moe_call
 from ..signatures import Pin
-from . import compile_state, source_gate
+from . import compile_state, source_gate, streams
 
 NAME = "sglang_gemm_zero_pool"
 DISPATCH = dispatch.NAME
@@ -104,12 +104,7 @@ _demand: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  #
 _split_cache: dict = {}  # (M, N, K) -> True / the reason it is not an asm split above one
 
 
-def _stream(device) -> Any:
-    import torch
-
-    if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
-        return torch.cuda.current_stream(device)
-    return None
+_stream = streams.current  # this module's seam: a test moves its calls to another stream
 
 
 def asm_split_reason(M: int, N: int, K: int) -> str | None:
@@ -285,52 +280,34 @@ def check(device):
     import torch
 
     from .. import registry
-    from ..declarations import CheckResult
-    from ..reference.blockscale_gemm import shuffle_weight_16x16
+    from ..checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_verdict, stand_in_split_k
     from ..verify import suspended
 
-    aiter = sys.modules["aiter"]
     mod = sys.modules[dispatch.MODULE]
-    fp8 = aiter.dtypes.fp8
-    g = torch.Generator().manual_seed(12)
-    M, N, K = 16, 256, 512
-    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
-    Bs = shuffle_weight_16x16((torch.randn(N, K, generator=g) * 2).to(fp8)).to(device)
-    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()
-    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
-    stand_in = getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
-    saved = dict(getattr(mod, "TUNED", {}))
-    if stand_in:
-        mod.TUNED[(M, N, K)] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
-    _split_cache.pop((M, N, K), None)
+    A, Bs, a_scale, b_scale = split_k_gemm_inputs(device, seed=12)
 
     class _Model:
         pass
 
     model = _Model()
-    try:
-        for _ in range(2):
-            before = registry.stats()[NAME]["fast"]
-            with pool_scope(model, A.device, M, DEFAULT_CAP_MIB << 19):
-                out_p = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
-        pooled = registry.stats()[NAME]["fast"] > before
-        with suspended():
-            out_o = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
-    finally:
-        _split_cache.pop((M, N, K), None)
-        if stand_in:
-            mod.TUNED.clear()
-            mod.TUNED.update(saved)
-    if stand_in and not pooled:
-        return CheckResult("bitwise", False, f"no pool slice was taken ({registry.stats()[NAME]['fallback']})")
-    if stand_in or not pooled:
-        ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
-        detail = "a pool slice with out_zeroed=True equals the dispatcher's own output" if pooled else \
-            "AITER's tuned config runs no split-K asm here: no slice taken, AITER's result"
-        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
-    err = ((out_p.float() - out_o.float()).norm() / out_o.float().norm()).item()
-    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= 1e-2,
-                       f"asm took a pool slice; relative error {err:.2e}")
+    with stand_in_split_k(mod) as stand_in:
+        _split_cache.pop(SPLIT_K_SHAPE, None)
+        try:
+            for _ in range(2):
+                before = registry.stats()[NAME]["fast"]
+                with pool_scope(model, A.device, A.shape[0], DEFAULT_CAP_MIB << 19):
+                    out_p = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+            pooled = registry.stats()[NAME]["fast"] > before
+            with suspended():
+                out_o = getattr(mod, dispatch.DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
+        finally:
+            _split_cache.pop(SPLIT_K_SHAPE, None)
+    return split_k_verdict(
+        out_p, out_o, stand_in=stand_in, taken=pooled,
+        missing=f"no pool slice was taken ({registry.stats()[NAME]['fallback']})",
+        taken_detail="a pool slice with out_zeroed=True equals the dispatcher's own output",
+        untaken_detail="AITER's tuned config runs no split-K asm here: no slice taken, AITER's result",
+        bound_detail="asm took a pool slice")
 
 
 PATCH = Patch(

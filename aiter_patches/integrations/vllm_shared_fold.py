@@ -55,7 +55,7 @@ from ..declarations import APPLIED, Patch, SourcePin, Target
 from ..patches import moe_call
 from ..patches import pins as aiter_pins
 from ..signatures import Pin
-from . import addend_offer, compile_state, source_gate
+from . import addend_offer, compile_state, source_gate, streams
 
 NAME = "vllm_shared_expert_fold"
 FOLD = "moe_addend_fold"
@@ -119,18 +119,7 @@ _DECLINED = object()  # forward ran as Python and counted why not: the op's hook
 _scope: contextvars.ContextVar[Any] = contextvars.ContextVar("aiter_patches_vllm_fold", default=None)
 
 
-def _compiling() -> bool:
-    import torch
-
-    return torch.compiler.is_compiling()
-
-
-def _stream(device) -> Any:
-    import torch
-
-    if getattr(device, "type", None) == "cuda" and torch.cuda.is_available():
-        return torch.cuda.current_stream(device)
-    return None
+_stream = streams.current  # this module's seam: a test moves its calls to another stream
 
 
 def blocker(runner, runner_cls, shared_experts_input) -> str | None:
@@ -168,7 +157,7 @@ def _forward_wrapper(inner, site):
     runner_cls = inner.__globals__.get("MoERunner")
 
     def forward(*args, **kwargs):
-        if _compiling():  # Dynamo traces vLLM's forward, add included (module docstring)
+        if compile_state.tracing():  # Dynamo traces vLLM's forward, add included (module docstring)
             return inner(*args, **kwargs)
         if _scope.get() is not None:
             return inner(*args, **kwargs)
@@ -210,7 +199,7 @@ def _forward_impl_wrapper(inner, site):
 
     def _forward_impl(self, hidden_states, *args, **kwargs):
         nonlocal order_enum
-        if _compiling():  # traced only where vLLM calls the op's body directly (CPU, TPU): no scope there
+        if compile_state.tracing():  # traced only where vLLM calls the op's body directly (CPU, TPU): no scope there
             return inner(self, hidden_states, *args, **kwargs)
         scope = _scope.get()
         if scope is _DECLINED or self._shared_experts is None:
@@ -239,7 +228,7 @@ def _forward_impl_wrapper(inner, site):
 
 def _shared_forward_wrapper(inner, site):
     def forward(self, shared_experts_input, order, *args, **kwargs):
-        if _compiling():
+        if compile_state.tracing():
             return inner(self, shared_experts_input, order, *args, **kwargs)
         scope = _scope.get()
         if (not isinstance(scope, _Scope) or scope.shared is not None or scope.offered or scope.runner is None
@@ -262,20 +251,14 @@ def _fused_moe_wrapper(inner, site):
     takes_addend = getattr(inner, "__aiter_patches__", None) == FOLD
 
     def fused_moe(*args, **kwargs):
-        if _compiling():
+        if compile_state.tracing():
             return inner(*args, **kwargs)
         scope = _scope.get()
         if not isinstance(scope, _Scope) or scope.shared is None or scope.offered or "moe_addend" in kwargs:
             return inner(*args, **kwargs)
-        scope.offered = True  # one routed call per scope
-        bound, problems = binder.bind(args, kwargs)
-        add = scope.shared
-        reason = addend_offer.reason(bound, problems, add, takes_addend, _stream, scope.stream)
-        if reason is not None:
-            counters.fallback(reason)
-            return inner(*args, **kwargs)
-        out = inner(*args, moe_addend=add, **kwargs)
-        scope.folded = True  # moe_addend_fold's contract: out holds routed + shared
+        out, folded = addend_offer.offer(inner, args, kwargs, scope, binder, counters, takes_addend, _stream)
+        if folded:
+            scope.folded = True  # moe_addend_fold's contract: out holds routed + shared
         return out
 
     return moe_call.like(fused_moe, inner)
@@ -283,7 +266,7 @@ def _fused_moe_wrapper(inner, site):
 
 def _scale_wrapper(inner, site):
     def _maybe_apply_routed_scale_to_output(self, shared_output, fused_output):
-        if _compiling():
+        if compile_state.tracing():
             return inner(self, shared_output, fused_output)
         scope = _scope.get()
         if not isinstance(scope, _Scope) or not scope.folded or scope.runner is not self or shared_output is None:

@@ -136,45 +136,25 @@ def check(device):
 
     import torch
 
-    from ..declarations import CheckResult
-    from ..reference.blockscale_gemm import shuffle_weight_16x16
+    from ..checks import split_k_gemm_inputs, split_k_verdict, stand_in_split_k
     from ..verify import suspended
     from .. import registry
 
-    aiter = sys.modules["aiter"]
     mod = sys.modules[MODULE]
-    fp8 = aiter.dtypes.fp8
-    g = torch.Generator().manual_seed(11)
-    M, N, K = 16, 256, 512
-    A = (torch.randn(M, K, generator=g) * 2).to(fp8).to(device)
-    Bs = shuffle_weight_16x16((torch.randn(N, K, generator=g) * 2).to(fp8)).to(device)
-    a_scale = (torch.rand(K // 128, M, generator=g) + 0.5).to(device).t()
-    b_scale = (torch.rand(N // 128, K // 128, generator=g) + 0.5).to(device)
-    stand_in = getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
-    saved = dict(getattr(mod, "TUNED", {}))
-    if stand_in:
-        mod.TUNED[(M, N, K)] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
-    try:
+    A, Bs, a_scale, b_scale = split_k_gemm_inputs(device, seed=11)
+    with stand_in_split_k(mod) as stand_in:
         before = registry.stats()[NAME]["fast"]
-        out_p = torch.zeros(M, N, dtype=torch.bfloat16, device=device)
+        out_p = torch.zeros(A.shape[0], Bs.shape[0], dtype=torch.bfloat16, device=device)
         getattr(mod, DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16, out=out_p, out_zeroed=True)
         forwarded = registry.stats()[NAME]["fast"] > before
         with suspended():
             out_o = getattr(mod, DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
-    finally:
-        if stand_in:
-            mod.TUNED.clear()
-            mod.TUNED.update(saved)
-    if stand_in and not forwarded:
-        return CheckResult("bitwise", False, f"the promise was not forwarded ({registry.stats()[NAME]['fallback']})")
-    if stand_in or not forwarded:
-        ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
-        detail = "asm split 2 without memset equals the dispatcher's memset + GEMM" if forwarded else \
-            "the tuned config did not choose asm here: the promise was ignored, AITER's result"
-        return CheckResult("bitwise", ok, detail if ok else "outputs differ")
-    err = ((out_p.float() - out_o.float()).norm() / out_o.float().norm()).item()
-    return CheckResult("bound: 2-norm rel. error <= 1e-2 (AITER's atomic splits)", err <= 1e-2,
-                       f"asm took the promise; relative error {err:.2e}")
+    return split_k_verdict(
+        out_p, out_o, stand_in=stand_in, taken=forwarded,
+        missing=f"the promise was not forwarded ({registry.stats()[NAME]['fallback']})",
+        taken_detail="asm split 2 without memset equals the dispatcher's memset + GEMM",
+        untaken_detail="the tuned config did not choose asm here: the promise was ignored, AITER's result",
+        bound_detail="asm took the promise")
 
 
 PATCH = Patch(

@@ -12,12 +12,12 @@ copied into the repository.
 
 from __future__ import annotations
 
-import sys
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from . import server_tree
 
 WHEEL_NAME = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
 ENV = "AITER_PATCHES_TEST_SGLANG_WHEEL"
@@ -114,17 +114,6 @@ def read(member: str) -> str:
         return z.read(member).decode("utf-8")
 
 
-def _segment(text: str, qualname: str) -> str:
-    from aiter_patches.integrations.source_gate import find
-
-    import ast
-
-    node = find(ast.parse(text), qualname)
-    assert node is not None, f"{qualname} not in the wheel"
-    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    return "\n".join(text.splitlines()[first - 1:node.end_lineno]) + "\n"
-
-
 def write_tree(root: Path, edit=None) -> Path:
     """The tree under ``root``; ``edit(qualname, source) -> source`` changes a function (a drifted copy)."""
     edit = edit or (lambda q, s: s)
@@ -132,27 +121,17 @@ def write_tree(root: Path, edit=None) -> Path:
     for d in ("sglang", "sglang/srt", "sglang/srt/models", "sglang/srt/layers", "sglang/srt/layers/quantization"):
         (root / d).mkdir(parents=True, exist_ok=True)
         (root / d / "__init__.py").write_text("")
-    body = "\n".join(edit(f"DeepseekV2MoE.{m}", _segment(ds, f"DeepseekV2MoE.{m}")) for m in METHODS)
+    body = "\n".join(edit(f"DeepseekV2MoE.{m}", server_tree.segment(ds, f"DeepseekV2MoE.{m}")) for m in METHODS)
     (root / DS).write_text(_DS_HEAD + body)
     fuse = "maybe_fuse_routed_scale_and_shared_add"
-    (root / MX).write_text(_MX_HEAD + edit(fuse, _segment(mx, fuse)))
+    (root / MX).write_text(_MX_HEAD + edit(fuse, server_tree.segment(mx, fuse)))
     for path, cls in _STUB_CLASSES.items():
         (root / path).write_text(f"class {cls}:\n    pass\n")
     return root
 
 
-@contextmanager
 def importable(root: Path):
-    from aiter_patches import registry
-
-    sys.path.insert(0, str(root))
-    try:
-        yield
-    finally:
-        registry.revert()
-        sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-            del sys.modules[name]
+    return server_tree.importable(root, "sglang")
 
 
 @pytest.fixture

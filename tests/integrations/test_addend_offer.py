@@ -30,3 +30,43 @@ def test_each_rule(change, expected):
     got = addend_offer.reason(b, change.get("problems", []), add, change.get("takes_addend", True),
                               change.get("stream", same_stream), "s0")
     assert got == expected if expected is None else expected in got, got
+
+
+class Scope:
+    def __init__(self, shared):
+        self.shared, self.stream, self.offered = shared, "s0", False
+
+
+class Binder:
+    def __init__(self, b, problems=()):
+        self.b, self.problems, self.seen = b, list(problems), None
+
+    def bind(self, args, kwargs):
+        self.seen = (args, dict(kwargs))
+        return self.b, self.problems
+
+
+class Counters:
+    def __init__(self):
+        self.reasons = []
+
+    def fallback(self, reason):
+        self.reasons.append(reason)
+
+
+def test_offer_passes_the_shared_output_once_the_rule_allows_it():
+    calls, add = [], torch.zeros(3, 16, dtype=torch.bfloat16)
+    scope, counters = Scope(add), Counters()
+    out, folded = addend_offer.offer(lambda *a, **k: calls.append((a, k)) or "out", ("x",), {"w2": 1}, scope,
+                                     Binder(bound()), counters, True, same_stream)
+    assert (out, folded, scope.offered, counters.reasons) == ("out", True, True, [])
+    assert calls == [(("x",), {"w2": 1, "moe_addend": add})]
+
+
+def test_offer_refused_calls_as_given_counts_why_and_still_marks_the_scope():
+    calls = []
+    scope, counters = Scope(torch.zeros(3, 16, dtype=torch.bfloat16)), Counters()
+    out, folded = addend_offer.offer(lambda *a, **k: calls.append((a, k)) or "out", ("x",), {}, scope,
+                                     Binder(bound()), counters, True, lambda device: "s1")
+    assert (out, folded, scope.offered) == ("out", False, True)
+    assert calls == [(("x",), {})] and counters.reasons == ["the routed call runs on another stream than the shared experts"]

@@ -24,31 +24,6 @@ def dispatch(*args, **kwargs):
     return getattr(sys.modules[MODULE], "gemm_a8w8_blockscale_bpreshuffle")(*args, **kwargs)
 
 
-@pytest.fixture
-def launches(stub, monkeypatch):
-    """Every launch of the stand-in's kernel: ('memset', ...) for the split-K zero fill, ('gemm', splits)."""
-    from aiter_patches.kernels import blockscale_gemm_splitk as kernel
-
-    seen = []
-    original = kernel.run_plan  # every one-launch call, the API's and the patch's kept-plan hits alike
-
-    def counted(plan, *tensors):
-        if plan.zero_out and plan.splits > 1:
-            seen.append(("memset",))
-        seen.append(("gemm", plan.splits))
-        return original(plan, *tensors)
-
-    monkeypatch.setattr(kernel, "run_plan", counted)
-    return seen
-
-
-@pytest.fixture
-def tuned(stub, monkeypatch):
-    table = {}
-    monkeypatch.setattr(sys.modules[MODULE], "TUNED", table)
-    return table
-
-
 def bits(t):
     return t.view(torch.int16)
 

@@ -22,7 +22,7 @@ from aiter_patches.integrations import sglang_zero_pool as pool_mod
 from aiter_patches.verify import suspended
 from patches.test_gemm_out_zeroed import make_inputs
 
-from . import sglang_tree
+from . import server_tree, sglang_tree
 from .sglang_tree import importable, write_tree
 
 NAME = "sglang_gemm_zero_pool"
@@ -103,9 +103,9 @@ def write_pool_tree(root: Path, edit=None) -> Path:
     write_tree(root, edit)
     ds_text, fp8_text = sglang_tree.read(sglang_tree.DS), sglang_tree.read(FP8_MEMBER)
     ds = root / sglang_tree.DS
-    forward = edit("DeepseekV2Model.forward", sglang_tree._segment(ds_text, "DeepseekV2Model.forward"))
+    forward = edit("DeepseekV2Model.forward", server_tree.segment(ds_text, "DeepseekV2Model.forward"))
     ds.write_text(ds.read_text() + _MODEL_HEAD + forward)
-    body = "\n\n".join(edit(f, sglang_tree._segment(fp8_text, f)) for f in FP8_FUNCTIONS)
+    body = "\n\n".join(edit(f, server_tree.segment(fp8_text, f)) for f in FP8_FUNCTIONS)
     (root / FP8_MEMBER).write_text(_FP8_HEAD + body)
     return root
 
@@ -120,24 +120,6 @@ def pool_tree(tmp_path):
 def on(monkeypatch):
     monkeypatch.setenv("AITER_PATCHES_INTEGRATIONS", "sglang")
     pool_mod._split_cache.clear()
-
-
-@pytest.fixture
-def launches(stub, monkeypatch):
-    """The stand-in kernel's launches: ('memset',) for the split-K zero fill, ('gemm', splits)."""
-    from aiter_patches.kernels import blockscale_gemm_splitk as kernel
-
-    seen = []
-    original = kernel.run_plan  # every one-launch call, the API's and the out_zeroed gate's kept-plan hits alike
-
-    def counted(plan, *tensors):
-        if plan.zero_out and plan.splits > 1:
-            seen.append(("memset",))
-        seen.append(("gemm", plan.splits))
-        return original(plan, *tensors)
-
-    monkeypatch.setattr(kernel, "run_plan", counted)
-    return seen
 
 
 class Fills(TorchDispatchMode):
@@ -196,13 +178,6 @@ def forward(model, M, device):
     batch = types.SimpleNamespace(can_run_tbo=False, forward_mode=types.SimpleNamespace(is_idle=lambda: False))
     ids = torch.zeros(M, dtype=torch.long, device=device)
     return model.forward(ids, torch.arange(M, device=device), batch)
-
-
-@pytest.fixture
-def tuned(stub, monkeypatch):
-    table = {}
-    monkeypatch.setattr(sys.modules[GEMM], "TUNED", table)
-    return table
 
 
 def import_all():
@@ -452,7 +427,7 @@ def test_the_triton_list_is_sglangs():
 
     from aiter_patches.integrations.facts import sglang_gemm_reach as reach
 
-    src = sglang_tree._segment(sglang_tree.read(FP8_MEMBER), "use_aiter_triton_gemm_w8a8_tuned_gfx950")
+    src = server_tree.segment(sglang_tree.read(FP8_MEMBER), "use_aiter_triton_gemm_w8a8_tuned_gfx950")
     lists = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.List)]
     assert len(lists) == 1 and set(ast.literal_eval(lists[0])) == reach.TRITON_NK
 

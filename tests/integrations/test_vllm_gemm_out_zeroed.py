@@ -12,7 +12,6 @@ import aiter_patches
 from aiter_patches.verify import suspended
 from patches.test_gemm_out_zeroed import make_inputs
 
-from .test_gemm_dispatch_out_zeroed import launches, tuned  # noqa: F401  (fixtures)
 from .vllm_tree import importable, vllm_tree, write_tree  # noqa: F401  (fixture)
 
 NAME = "vllm_gemm_out_zeroed"

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import ast
 import os
-import sys
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from . import server_tree
 
 MEMBERS_NAME = "vllm-0.33.0-members.zip"
 ENV = "AITER_PATCHES_TEST_VLLM_FILES"
@@ -184,31 +184,12 @@ def write_tree(root: Path, edit=None) -> Path:
     (root / SHARED).write_text(_SHARED_HEAD + edit(SHARED, _without_vllm_imports(read(SHARED))))
     ops = read(OPS)
     (root / OPS).write_text('"""Test tree: two functions of vLLM 0.33.0\'s _aiter_ops.py (from the wheel)."""\nimport torch\n\n\n'
-                            + edit(OPS, "\n\n".join(_segment(ops, q) for q in OPS_FUNCTIONS)))
+                            + edit(OPS, "\n\n".join(server_tree.segment(ops, q) for q in OPS_FUNCTIONS)))
     return root
 
 
-def _segment(text: str, qualname: str) -> str:
-    from aiter_patches.integrations.source_gate import find
-
-    node = find(ast.parse(text), qualname)
-    assert node is not None, f"{qualname} not in the wheel"
-    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    return "\n".join(text.splitlines()[first - 1:node.end_lineno]) + "\n"
-
-
-@contextmanager
 def importable(root: Path):
-    from aiter_patches import registry
-
-    sys.path.insert(0, str(root))
-    try:
-        yield
-    finally:
-        registry.revert()
-        sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-            del sys.modules[name]
+    return server_tree.importable(root, "vllm")
 
 
 @pytest.fixture
