@@ -223,6 +223,11 @@ class SortMxQuant(moe_pipeline.Feature):
                        "sort.addend_offer", "sort.outputs"})
     writes = frozenset({"call.quant_dtype", "call.stage1_quant", "sort.outputs", "sort.addend_written"})
 
+    def forget(self) -> None:
+        VERDICTS.clear()
+        _CONFIGS.clear()
+        _OPUS_WORKSPACE.clear()
+
     def predict_quant(self, site, call, step) -> None:
         if call.quant_dtype is None:
             call.quant_dtype = predict_stage1_quant(step.arguments)
@@ -243,7 +248,7 @@ class SortMxQuant(moe_pipeline.Feature):
         verdict = VERDICTS.get(key) if key is not None else None
         if verdict is None:
             verdict = _decide(step, call)
-            if key is not None:
+            if key is not None and verdict.keep:
                 VERDICTS.put(key, verdict)
         for reason in verdict.reasons:
             counters.fallback(reason)
@@ -284,6 +289,7 @@ class SortVerdict(NamedTuple):
     init: bool = False
     zeroes: bool = True
     picker: Any = None
+    keep: bool = True  # False: decided per call (AITER could not answer this time)
 
 
 # the sort's arguments the launch takes, in moe_sort_mx_quant's order (then expert_mask, num_local_tokens, output)
@@ -343,7 +349,7 @@ def _decide(step, call) -> SortVerdict:
     if request["quant_input"] is None and request["moe_buf_init"] is None:
         reason = sort_only_reason(bound, kernel)
         if reason is not None:
-            return SortVerdict((*reasons, reason), False)
+            return SortVerdict((*reasons, reason), False, keep=reason != WORKSPACE_UNKNOWN)
     return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None,
                        _zeroes(bound), step.picker(_LAUNCH_ARGS))
 
@@ -371,6 +377,9 @@ def aiter_sort_launches(tokens: int, num_experts: int, topk: int, dispatch_polic
     return 2 if tokens < SORT_FOUR_LAUNCHES_MIN_TOKENS else 4
 
 
+WORKSPACE_UNKNOWN = "sort only: AITER's opus sort launch count unknown (moe_sorting_opus_get_workspace_size failed)"
+
+
 def sort_only_reason(bound: dict, kernel) -> str | None:
     """Why the one-launch sort alone (no quant handed back, no addend written) would save nothing, or None.
 
@@ -381,8 +390,8 @@ def sort_only_reason(bound: dict, kernel) -> str | None:
     ours = kernel.launch_count(M, topk, quant=False, fused=False)
     try:
         theirs = aiter_sort_launches(M, bound["num_experts"], topk, bound.get("dispatch_policy", 0) or 0)
-    except Exception:  # noqa: BLE001 - AITER cannot say: do not replace its sort for nothing
-        return "sort only: AITER's opus sort launch count unknown (moe_sorting_opus_get_workspace_size failed)"
+    except Exception:  # noqa: BLE001 - AITER cannot say: do not replace its sort for nothing (asked again next call)
+        return WORKSPACE_UNKNOWN
     if ours >= theirs:
         return (f"sort only, nothing saved: AITER's opus sort takes {theirs} launch(es), "
                 f"the one-launch sort {ours}")
