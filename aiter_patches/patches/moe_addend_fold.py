@@ -56,7 +56,9 @@ def _overlaps(a, b) -> bool:
 
 def _byte_span(t) -> tuple[int, int]:
     start = t.data_ptr()
-    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
+    extent = 1
+    for size, stride in zip(t.shape, t.stride()):  # a loop, not sum() over a generator: called twice a call
+        extent += (size - 1) * (stride if stride >= 0 else -stride)
     return start, start + extent * t.element_size()
 
 
