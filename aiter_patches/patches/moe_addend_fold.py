@@ -45,20 +45,19 @@ def validate_addend(addend, hidden_states, topk_ids, w2, dtype, output=None) -> 
 
 
 def _overlaps(a, b) -> bool:
-    """Same storage and overlapping byte spans (the spans first: asking for a storage costs a
-    microsecond, and apart spans answer most calls)."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    if sa.data_ptr() != sb.data_ptr():
         return False
     a0, a1 = _byte_span(a)
     b0, b1 = _byte_span(b)
-    return a0 < b1 and b0 < a1 and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return a0 < b1 and b0 < a1
 
 
 def _byte_span(t) -> tuple[int, int]:
     start = t.data_ptr()
-    extent = 1
-    for size, stride in zip(t.shape, t.stride()):  # a loop, not sum() over a generator: called twice a call
-        extent += (size - 1) * (stride if stride >= 0 else -stride)
+    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
     return start, start + extent * t.element_size()
 
 
