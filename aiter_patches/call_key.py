@@ -8,7 +8,9 @@ keeps it here: a hit reads the arguments' metadata once, into this key, and skip
 What a key holds, per argument: for a plain ``torch.Tensor`` or ``torch.nn.Parameter``, its type,
 shape, strides, dtype, device and ``requires_grad`` (everything a gate may read of a tensor's
 metadata: ``dim()``, ``is_contiguous()``, ``numel()`` follow from them); for ``None``, a bool, int,
-float, str, ``torch.dtype``, ``torch.device`` or an ``Enum`` member, its type and value. Anything
+float, str, ``torch.dtype``, ``torch.device`` or an ``Enum`` member, its type and value (a float by its
+exact bits, ``float.hex``: every NaN is one key, as NaN != NaN would make a dead entry per call, and
+-0.0 is not 0.0). Anything
 else (a tensor subclass, a list, an object) makes the call unkeyable: its gate runs in full, every
 call. Positional and keyword arguments are keyed as given (names and order), so the binding is the
 same for every call of a key. Never a data pointer or a tensor's contents: a key never syncs the
@@ -39,6 +41,8 @@ def value_key(v) -> tuple:
     t = type(v)
     if t in KEYED_TENSOR_TYPES:
         return (t, v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
+    if t is float:
+        return (t, v.hex())
     if t in _VALUE_TYPES or isinstance(v, enum.Enum):
         return (t, v)
     raise Unkeyable(t.__name__)
@@ -60,26 +64,35 @@ def args_key(args: tuple, kwargs: dict) -> tuple:
 
 
 _KEYERS: dict[tuple, Any] = {}  # positional types -> straight-line key function (False: value_key per argument)
+MAX_KEYERS = 256  # past it a new pattern takes value_key per argument (no code generated per call)
 
 
 def _keyer(types: tuple):
     """``f(args) -> the same tuple as map(value_key, args)``, generated for these positional types
     (plain tensors and value types only: an Enum or anything else takes value_key per argument)."""
+    if len(_KEYERS) >= MAX_KEYERS:
+        return False
     if not all(t in KEYED_TENSOR_TYPES or t in _VALUE_TYPES for t in types):
         fn = False
     else:
         ns: dict[str, Any] = {f"T{i}": t for i, t in enumerate(types)}
         items = [f"(T{i}, a[{i}].shape, a[{i}].stride(), a[{i}].dtype, a[{i}].device, a[{i}].requires_grad)"
-                 if t in KEYED_TENSOR_TYPES else f"(T{i}, a[{i}])" for i, t in enumerate(types)]
+                 if t in KEYED_TENSOR_TYPES else f"(T{i}, a[{i}].hex())" if t is float else f"(T{i}, a[{i}])"
+                 for i, t in enumerate(types)]
         exec(f"def key(a):\n    return ({', '.join(items)}{',' if items else ''})\n", ns)  # noqa: S102 - positions only
         fn = ns["key"]
-    if len(_KEYERS) < 256:
-        _KEYERS[types] = fn
+    _KEYERS[types] = fn
     return fn
 
 
 class Verdicts:
-    """A gate's verdicts by key, at most ``limit`` of them (past it the gate runs per call)."""
+    """A gate's verdicts by key, at most ``limit`` of them (past it the gate runs per call).
+
+    ``hits`` and ``misses`` are diagnostics, counted without a lock (a lock per call costs more than
+    the count is worth): threads calling at once may lose an increment. The verdicts themselves are
+    exact: a put is locked, a get is one dict lookup. The patches clear their verdicts whenever their
+    wrappers are built (apply, and a revert that rebuilds a target's chain), so a patch applied again
+    decides afresh."""
 
     __slots__ = ("name", "limit", "_d", "_lock", "hits", "misses")
 

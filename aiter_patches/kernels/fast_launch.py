@@ -484,11 +484,15 @@ class Prepared:
 
     __slots__ = ("fn", "grid", "args", "kwargs", "tensor_at", "_st", "_unpack", "_go", "_kernels", "_knob_values")
 
-    def __init__(self, fn, grid: tuple, tensor_at: tuple[int, ...], args: tuple, kwargs: dict):
-        """``args`` with ``None`` at the positions ``tensor_at`` (filled per call, in that order)."""
-        self.fn, self.grid, self.tensor_at = fn, tuple(grid), tuple(tensor_at)
+    def __init__(self, fn, grid: tuple, tensor_at: tuple, args: tuple, kwargs: dict):
+        """``args`` with ``None`` at the positions ``tensor_at`` (filled per call, in that order). An
+        entry of ``tensor_at`` may be a tuple of positions: one tensor, passed at each of them (a kernel
+        API that hands one buffer to several parameters; a call reads it once)."""
+        self.fn, self.grid = fn, tuple(grid)
+        self.tensor_at = tuple(p if type(p) is tuple else (p,) for p in tensor_at)
+        positions = {p for group in self.tensor_at for p in group}
         self.args, self.kwargs = tuple(args), dict(kwargs)
-        fixed = [v for i, v in enumerate(self.args) if i not in self.tensor_at] + list(self.kwargs.values())
+        fixed = [v for i, v in enumerate(self.args) if i not in positions] + list(self.kwargs.values())
         if any(isinstance(v, torch.Tensor) for v in fixed):
             raise TypeError("Prepared: a tensor among the fixed arguments (pass it per call, through tensor_at)")
         self._kernels: dict[tuple, Any] = {}
@@ -501,17 +505,23 @@ class Prepared:
             return
         marks = [object() for _ in self.tensor_at]
         args_ = list(self.args)
-        for m, pos in zip(marks, self.tensor_at):
-            args_[pos] = m
+        for m, group in zip(marks, self.tensor_at):
+            for pos in group:
+                args_[pos] = m
         try:
             values, opts = st.pack(*args_, **self.kwargs)
         except TypeError:
             return  # launch() lets Triton report the bad call
-        where = {id(v): i for i, v in enumerate(values)}
-        params = [where.get(id(m)) for m in marks]
-        if None in params or len(set(params)) != len(params):
+        slot = {id(m): j for j, m in enumerate(marks)}
+        params: list[list[int]] = [[] for _ in marks]
+        for i, v in enumerate(values):
+            j = slot.get(id(v))
+            if j is not None:
+                params[j].append(i)
+        if any(len(got) != len(group) for got, group in zip(params, self.tensor_at)):
             return
-        others = [v for i, v in enumerate(values) if i not in params]
+        taken = {i for got in params for i in got}
+        others = [v for i, v in enumerate(values) if i not in taken]
         if not all(type(v) in (int, bool, float, type(None), str) or _is_dtype(v) for v in others):
             return  # a value whose keying launch() would refuse: always through launch()
         self._st = st
@@ -526,8 +536,9 @@ class Prepared:
     def call_args(self, tensors) -> tuple[list, dict]:
         """The ``(args, kwargs)`` of the equivalent ``launch(fn, grid, *args, **kwargs)``."""
         args = list(self.args)
-        for pos, t in zip(self.tensor_at, tensors):
-            args[pos] = t
+        for group, t in zip(self.tensor_at, tensors):
+            for pos in group:
+                args[pos] = t
         return args, self.kwargs
 
     def __call__(self, *tensors) -> None:
@@ -566,10 +577,11 @@ def _is_dtype(v) -> bool:
     return isinstance(v, torch.dtype) or type(v).__name__ == "dtype"
 
 
-def _make_prepared_code(values: list, params: list[int]):
+def _make_prepared_code(values: list, params: list[list[int]]):
     """``unpack(spec, *tensors) -> (key part, launcher values of the tensors)`` and
     ``go(run, grid, stream, function, metadata, enter, exit, ptrs)``, straight-line for these
-    positions; ``go`` hands the launcher every argument in parameter order, as :func:`launch` does."""
+    positions (``params[j]``: where tensor ``j`` goes among the values); ``go`` hands the launcher
+    every argument in parameter order, as :func:`launch` does."""
     n = len(params)
     ts = ", ".join(f"t{j}" for j in range(n))
     lines = [f"def unpack(spec{', ' if n else ''}{ts}):"]
@@ -582,7 +594,7 @@ def _make_prepared_code(values: list, params: list[int]):
     lines += ["    if spec is None:", f"        return ({key}{c}), ({ptrs}{c})",
               f"    return ({key}{c} {extra}{c}), ({ptrs}{c})"]
     ns: dict[str, Any] = {}
-    slot = {p: j for j, p in enumerate(params)}
+    slot = {i: j for j, where in enumerate(params) for i in where}
     argv = []
     for i, v in enumerate(values):
         if i in slot:

@@ -71,7 +71,8 @@ values only, never a tensor.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import operator
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -739,8 +740,9 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         _run(plan.scan, hist, pre, tot)
     if plan.tiles is not None:  # large split-semantics batches: compact [M, G] scales, then the sorted rows
         compact = _empty(M, plan.G, dtype=torch.uint8, device=dev)
-    _run(plan.sort, topk_ids, topk_weights, mask_arg, nlt_arg, sorted_ids, sorted_weights, sorted_expert_ids,
-         num_valid_ids, x, q_u8, s_u8, moe_buf, init, pre, tot, ranks, compact)
+    _run(plan.sort, *plan.sort_pick((topk_ids, topk_weights, mask_arg, nlt_arg, sorted_ids, sorted_weights,
+                                     sorted_expert_ids, num_valid_ids, x, q_u8, s_u8, moe_buf, init, pre, tot, ranks,
+                                     compact)))
     if plan.tiles is not None:
         _run(plan.tiles, sorted_ids, num_valid_ids, compact, s_u8)
     return SortQuantResult(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf, out_quant)
@@ -778,10 +780,38 @@ class _SortPlan(NamedTuple):
     sort: Prepared
     tiles: Prepared | None
     kernels: tuple  # the four kernels the key names by id, kept alive so no id is reused while the plan is
+    sort_pick: Any  # the sort launch's 17 tensors -> the distinct ones (see _sort_groups)
 
 
 # the tensors of each launch, in the order _run passes them (positions in the kernel's argument list)
 _SORT_TENSORS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 15, 16, 17, 18)
+
+
+def _sort_groups(has_mask: bool, has_nlt: bool, quant: bool, has_init: bool, prescanned: bool,
+                 compact_scales: bool) -> tuple[tuple, Any]:
+    """The sort launch's tensors as :func:`moe_sort_mx_quant` builds them for a plan: which of its 17
+    are the same tensor by construction (an absent mask or token count is ``topk_ids``; without a
+    quant the input is ``topk_weights`` and the outputs ``sorted_weights``; without an init it is
+    ``moe_buf``; the tables of launches that do not run are ``sorted_ids``), so that a call hands
+    the prepared launch each distinct tensor once (``Prepared`` groups of positions), and
+    ``itemgetter`` picking those from the 17."""
+    alias = {}
+    if not has_mask:
+        alias[2] = 0
+    if not has_nlt:
+        alias[3] = 0
+    if not quant:
+        alias[8], alias[9], alias[10] = 1, 5, 5
+    if not has_init:
+        alias[12] = 11
+    if not prescanned:
+        alias[13] = alias[14] = alias[15] = 4
+    if not compact_scales:
+        alias[16] = 4
+    heads = [i for i in range(len(_SORT_TENSORS)) if i not in alias]
+    groups = tuple(tuple(_SORT_TENSORS[k] for k in range(len(_SORT_TENSORS)) if k == h or alias.get(k) == h)
+                   for h in heads)
+    return groups, operator.itemgetter(*heads)
 _RANK_TENSORS = (0, 1, 2, 3, 4)
 _SCAN_TENSORS = (0, 1, 2)
 _TILES_TENSORS = (0, 1, 2, 3)
@@ -834,7 +864,8 @@ def _make_plan(key: tuple) -> _SortPlan:
     args = [None] * 23
     args[9], args[14] = x_stride, init_stride
     args[19:23] = (M, num_experts, model_dim, G)
-    sort = Prepared(_sort_quant_kernel, (max(M, 1), split), _SORT_TENSORS, args, dict(
+    sort_at, sort_pick = _sort_groups(has_mask, has_nlt, quant, has_init, prescanned, compact_scales)
+    sort = Prepared(_sort_quant_kernel, (max(M, 1), split), sort_at, args, dict(
         K=K, K_PAD=k_pad, BLOCK=block_size, PAD_STEP=PAD_STEP, E_BINS=e_bins, **batch,
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
         QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
@@ -848,7 +879,7 @@ def _make_plan(key: tuple) -> _SortPlan:
         tiles = Prepared(_scale_tiles_kernel, (scale_rows // 32,), _TILES_TENSORS, (None,) * 4 + (G, M),
                          dict(SNP=snp, BYTES=SCALE_TILE_BYTES))
     return _SortPlan(n_sorted, n_blocks, data_cols, scale_rows, snp, G, n_chunks, e_bins, rank, scan, sort, tiles,
-                     (_sort_quant_kernel, _chunk_rank_kernel, _chunk_scan_kernel, _scale_tiles_kernel))
+                     (_sort_quant_kernel, _chunk_rank_kernel, _chunk_scan_kernel, _scale_tiles_kernel), sort_pick)
 
 
 def _prescanned(M: int, K: int) -> bool:

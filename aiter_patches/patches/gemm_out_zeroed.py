@@ -109,6 +109,7 @@ def _wrapper(inner, site):
     binder = site.binder
     counters = site.counters
     verdicts = VERDICTS
+    verdicts.clear()  # built at apply (and at a revert that rebuilds the chain): decide afresh
 
     def gemm_a8w8_blockscale_bpreshuffle_asm(*args, out_zeroed=False, **kwargs):
         if not out_zeroed:

@@ -130,6 +130,10 @@ class Feature:
         """``fused_moe``'s arguments do not fit the pin: AITER gets the call, counted (or raise)."""
         site.counters.fallback(f"fused_moe: {problem}")
 
+    def forget(self) -> None:
+        """Drop what the feature decided once and kept (its verdicts): called whenever a wrapper of
+        it is built, so a patch applied again (AITER changed in between, say) decides afresh."""
+
 
 FEATURES: dict[str, Feature] = {}
 
@@ -300,6 +304,7 @@ def wrapper(kind: str, name: str) -> Callable:
     """The registry's wrapper factory for feature ``name`` on target ``kind``."""
 
     def factory(inner, site):
+        FEATURES[name].forget()
         below = getattr(inner, _MARK, None)
         # trusted only on our own wrapper itself: functools.wraps copies __dict__, so a foreign wrapper
         # over ours carries the mark too, and building past it would drop that wrapper from the chain

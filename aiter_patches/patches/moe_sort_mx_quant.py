@@ -75,48 +75,50 @@ def predict_stage1_quant(bound: dict):
     hands the call to ``aiter.fhmoe``), and interleaved gates with FlyDSL available (its
     grouped a8w4 kernel may take the call before any sort).
     """
-    import torch
-
-    if any(bound.get(n) is not None for n in _SHARED_EXPERT_ARGS) or bound.get("shared_expert_id", -1) != -1:
+    g = bound.get
+    if (g("shared_w1") is not None or g("shared_w2") is not None or g("shared_w1_scale") is not None
+            or g("shared_w2_scale") is not None or g("shared_expert_id", -1) != -1):
         return None  # fused_moe diverts to aiter.fhmoe._fhmoe
-    qt = enum_value(bound.get("quant_type", 0))
+    qt = enum_value(g("quant_type", 0))
     if qt == _PER_128X128:
         qt = _PER_1X128
     if qt != _PER_1X32:
         return None
-    hidden, w1, w2 = bound.get("hidden_states"), bound.get("w1"), bound.get("w2")
-    topk_ids = bound.get("topk_ids")
+    hidden, w1, w2, topk_ids = g("hidden_states"), g("w1"), g("w2"), g("topk_ids")
     if hidden is None or w1 is None or w2 is None or topk_ids is None:
         return None
-    half = (torch.bfloat16, torch.float16)
-    out_dtype = bound.get("dtype") or hidden.dtype
-    if hidden.dtype not in half or out_dtype not in half:
+    hidden_dtype = hidden.dtype
+    out_dtype = g("dtype") or hidden_dtype
+    if hidden_dtype not in _HALF or out_dtype not in _HALF:
         return None
     fm = moe_call.aiter_module("aiter.fused_moe")
     dtypes = moe_call.aiter_module().dtypes
-    q_dtype_a = _stage1_dtype(fm, dtypes, bound, w1, topk_ids.shape[0])
-    if q_dtype_a not in (dtypes.fp4x2, dtypes.fp8):
+    fp4, fp8, w1_dtype = dtypes.fp4x2, dtypes.fp8, w1.dtype
+    q_dtype_a = _stage1_dtype(fm, dtypes, bound, w1_dtype, topk_ids.shape[0])
+    if q_dtype_a != fp4 and q_dtype_a != fp8:
         return None
     metadata = _kernel_config(fm, bound, q_dtype_a, out_dtype)
     if metadata is None or getattr(metadata, "run_1stage", False) or not getattr(metadata, "prequant", True):
         return None
-    shuffled = _is_shuffled(w1) or _is_shuffled(w2)
-    if w1.dtype == dtypes.fp4x2 and q_dtype_a == dtypes.fp4x2 and metadata.ksplit > 1 and shuffled:
+    if w1_dtype == fp4 and q_dtype_a == fp4 and metadata.ksplit > 1 and (_is_shuffled(w1) or _is_shuffled(w2)):
         return None  # CK-Tile split-K stage 1 on the bf16 activations
-    if q_dtype_a == dtypes.fp8:
-        return None if getattr(fm, "_MOE_A8W4_BYPASS_QUANT", _BYPASS_QUANT_AT_IMPORT) else dtypes.fp8
-    return dtypes.fp4x2
+    if q_dtype_a == fp8:
+        return None if getattr(fm, "_MOE_A8W4_BYPASS_QUANT", _BYPASS_QUANT_AT_IMPORT) else fp8
+    return fp4
+
+
+_HALF = (torch.bfloat16, torch.float16)
 
 
 def _is_shuffled(w) -> bool:
     return bool(getattr(w, "is_shuffled", False))
 
 
-def _stage1_dtype(fm, dtypes, bound, w1, tokens):
+def _stage1_dtype(fm, dtypes, bound, w1_dtype, tokens):
     """``_fused_moe_impl``'s ``q_dtype_a`` for ``per_1x32`` (None: a path this patch does not model)."""
-    if w1.dtype == dtypes.fp8:
+    if w1_dtype == dtypes.fp8:
         return dtypes.fp8
-    if w1.dtype != dtypes.fp4x2:
+    if w1_dtype != dtypes.fp4x2:
         return None  # int4 weights (a16wi4: bf16 stage 1), or a dtype AITER's rule does not name
     gfx = fm.get_gfx() if hasattr(fm, "get_gfx") else None
     if gfx == "gfx1250":
@@ -152,25 +154,51 @@ def _flydsl(fm) -> bool:
 
 def _kernel_config(fm, bound, q_dtype_a, out_dtype):
     """AITER's ``get_2stage_cfgs`` result for this call, asked exactly as ``_fused_moe_impl`` asks
-    (same positional/keyword layout, so AITER's own ``lru_cache`` answers its next call)."""
+    (same positional/keyword layout, so AITER's own ``lru_cache`` answers its next call).
+
+    Kept per :data:`_CONFIGS` key: the plain values it is asked with (ints, strings, shapes, dtypes;
+    the enums by value) and the AITER functions and enums it goes through, by identity. AITER keeps
+    the answer in that ``lru_cache`` for the same arguments; asking it again costs microseconds a
+    call (its key hashes four Python enums and keywords). A call that raised is asked again."""
     try:
+        g = bound.get
         w1, w2, topk_ids = bound["w1"], bound["w2"], bound["topk_ids"]
-        M, topk = topk_ids.shape
-        E, model_dim, inter_dim = fm.get_inter_dim(w1.shape, w2.shape)
-        return fm.get_2stage_cfgs(
+        gate = g("gate_mode")
+        act, gate = enum_value(g("activation", 0)), getattr(gate, "value", gate) or "separated"
+        doweight, hidden_pad, inter_pad = bool(g("doweight_stage1", False)), g("hidden_pad", 0), g("intermediate_pad", 0)
+        s1, s2 = _is_shuffled(w1), _is_shuffled(w2)
+        ids_shape, w1_shape, w2_shape = topk_ids.shape, w1.shape, w2.shape
+        ask = fm.get_2stage_cfgs
+        key = (ask, fm.get_inter_dim, fm.get_padded_M, fm.QuantType, fm.ActivationType, fm.GateMode,
+               ids_shape, w1_shape, w2_shape, w1.dtype, out_dtype, q_dtype_a, act, gate, doweight,
+               hidden_pad, inter_pad, s1, s2, g("expert_mask") is None, g("bias2") is None)
+        if type(gate) is not str or type(hidden_pad) is not int or type(inter_pad) is not int:
+            key = None  # asked as given, every call (a tensor's value is not in a key)
+        else:
+            got = _CONFIGS.get(key)
+            if got is not None:
+                return got
+        M, topk = ids_shape
+        E, model_dim, inter_dim = fm.get_inter_dim(w1_shape, w2_shape)
+        config = ask(
             fm.get_padded_M(M), model_dim, inter_dim, E, topk, out_dtype, q_dtype_a, w1.dtype,
-            _member(fm.QuantType, _PER_1X32), inter_dim != w1.shape[1],
-            _member(fm.ActivationType, enum_value(bound.get("activation", 0))),
-            bool(bound.get("doweight_stage1", False)),
-            bound.get("hidden_pad", 0), bound.get("intermediate_pad", 0), _is_shuffled(w1) or _is_shuffled(w2),
-            _member(fm.GateMode, getattr(bound.get("gate_mode"), "value", bound.get("gate_mode")) or "separated"),
-            is_ep=bound.get("expert_mask") is not None,
-            has_stage2_bias=bound.get("bias2") is not None,
-            opus_weights_shuffled=_is_shuffled(w1) and _is_shuffled(w2),
+            _member(fm.QuantType, _PER_1X32), inter_dim != w1_shape[1],
+            _member(fm.ActivationType, act), doweight, hidden_pad, inter_pad, s1 or s2,
+            _member(fm.GateMode, gate),
+            is_ep=g("expert_mask") is not None,
+            has_stage2_bias=g("bias2") is not None,
+            opus_weights_shuffled=s1 and s2,
             config_file=None,
         )
     except Exception:  # noqa: BLE001 - AITER's own call will raise the same; predict nothing
         return None
+    if key is not None and config is not None and len(_CONFIGS) < MAX_CONFIGS and not torch.compiler.is_compiling():
+        _CONFIGS[key] = config
+    return config
+
+
+MAX_CONFIGS = 1024
+_CONFIGS: dict[tuple, object] = {}  # _kernel_config's key -> AITER's answer (never a tensor: AITER's config object)
 
 
 _MEMBERS: dict[tuple, object] = {}  # (enum class, value) -> member: an Enum lookup by value costs ~1 µs
@@ -195,6 +223,11 @@ class SortMxQuant(moe_pipeline.Feature):
                        "sort.addend_offer", "sort.outputs"})
     writes = frozenset({"call.quant_dtype", "call.stage1_quant", "sort.outputs", "sort.addend_written"})
 
+    def forget(self) -> None:
+        VERDICTS.clear()
+        _CONFIGS.clear()
+        _OPUS_WORKSPACE.clear()
+
     def predict_quant(self, site, call, step) -> None:
         if call.quant_dtype is None:
             call.quant_dtype = predict_stage1_quant(step.arguments)
@@ -215,7 +248,7 @@ class SortMxQuant(moe_pipeline.Feature):
         verdict = VERDICTS.get(key) if key is not None else None
         if verdict is None:
             verdict = _decide(step, call)
-            if key is not None:
+            if key is not None and verdict.keep:
                 VERDICTS.put(key, verdict)
         for reason in verdict.reasons:
             counters.fallback(reason)
@@ -256,6 +289,7 @@ class SortVerdict(NamedTuple):
     init: bool = False
     zeroes: bool = True
     picker: Any = None
+    keep: bool = True  # False: decided per call (AITER could not answer this time)
 
 
 # the sort's arguments the launch takes, in moe_sort_mx_quant's order (then expert_mask, num_local_tokens, output)
@@ -315,7 +349,7 @@ def _decide(step, call) -> SortVerdict:
     if request["quant_input"] is None and request["moe_buf_init"] is None:
         reason = sort_only_reason(bound, kernel)
         if reason is not None:
-            return SortVerdict((*reasons, reason), False)
+            return SortVerdict((*reasons, reason), False, keep=reason != WORKSPACE_UNKNOWN)
     return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None,
                        _zeroes(bound), step.picker(_LAUNCH_ARGS))
 
@@ -343,6 +377,9 @@ def aiter_sort_launches(tokens: int, num_experts: int, topk: int, dispatch_polic
     return 2 if tokens < SORT_FOUR_LAUNCHES_MIN_TOKENS else 4
 
 
+WORKSPACE_UNKNOWN = "sort only: AITER's opus sort launch count unknown (moe_sorting_opus_get_workspace_size failed)"
+
+
 def sort_only_reason(bound: dict, kernel) -> str | None:
     """Why the one-launch sort alone (no quant handed back, no addend written) would save nothing, or None.
 
@@ -353,8 +390,8 @@ def sort_only_reason(bound: dict, kernel) -> str | None:
     ours = kernel.launch_count(M, topk, quant=False, fused=False)
     try:
         theirs = aiter_sort_launches(M, bound["num_experts"], topk, bound.get("dispatch_policy", 0) or 0)
-    except Exception:  # noqa: BLE001 - AITER cannot say: do not replace its sort for nothing
-        return "sort only: AITER's opus sort launch count unknown (moe_sorting_opus_get_workspace_size failed)"
+    except Exception:  # noqa: BLE001 - AITER cannot say: do not replace its sort for nothing (asked again next call)
+        return WORKSPACE_UNKNOWN
     if ours >= theirs:
         return (f"sort only, nothing saved: AITER's opus sort takes {theirs} launch(es), "
                 f"the one-launch sort {ours}")

@@ -332,3 +332,39 @@ def test_a_gemm_plan_hit_gives_the_bits_of_a_fresh_plan(monkeypatch):
         outs.append(out)
     assert len(gemm._plans) == 1
     assert torch.equal(_bytes(outs[1]), _bytes(outs[2])) and torch.equal(_bytes(outs[0]), _bytes(outs[1]))
+
+
+@pytest.mark.parametrize("mask,nlt,init,quant", [
+    (True, False, False, None), (False, True, False, FP4), (False, False, True, None), (True, True, True, FP4),
+])
+def test_sort_plan_with_every_optional_tensor_launches_what_triton_launches(fake, mask, nlt, init, quant):
+    """The sort launch hands each distinct tensor once (a plan's groups of positions, one per tensor
+    the call builds): given optional tensors take their own place, absent ones share topk_ids'/moe_buf's."""
+    M, K, E, D = 5, 4, 32, 256
+    ids, w = routing(M, K, E)
+    kw = {}
+    if mask:
+        kw["expert_mask"] = torch.ones(E, dtype=torch.int32)
+    if nlt:
+        kw["num_local_tokens"] = torch.tensor([M], dtype=torch.int32)
+    if init:
+        kw["moe_buf_init"] = torch.randn(M, D).to(torch.bfloat16)
+    if quant is not None:
+        kw.update(quant_input=torch.randn(M, D).to(torch.bfloat16), quant_dtype=quant)
+    three_ways(fake, lambda: k.moe_sort_mx_quant(ids, w, E, D, torch.bfloat16, 32, **kw))
+    (plan,) = k._plans.values()
+    distinct = 7 + mask + nlt + init + 3 * (quant is not None)
+    assert len(plan.sort.tensor_at) == distinct
+    assert sorted(p for g in plan.sort.tensor_at for p in g) == sorted(k._SORT_TENSORS)
+
+
+def test_prepared_passes_one_tensor_at_each_position_of_its_group(fake):
+    """A group of positions reads its tensor once and hands it to every position, as launch() would."""
+    ids, w = routing(3, 2, 8)
+    plan_tensors = []
+    three_ways(fake, lambda: plan_tensors.append(k.moe_sort_mx_quant(ids, w, 8, 64, torch.bfloat16, 16)))
+    (plan,) = k._plans.values()
+    args, _ = plan.sort.call_args(tuple(torch.zeros(i + 1) for i in range(len(plan.sort.tensor_at))))
+    for j, group in enumerate(plan.sort.tensor_at):
+        for pos in group:
+            assert args[pos].numel() == j + 1

@@ -331,3 +331,17 @@ def test_cuda_graph_with_addend(stub):
         with suspended():
             plain = fm.fused_moe(**new) + new_add
         assert rel_err(out, plain) <= 1e-2
+
+
+def test_overlap_is_same_storage_and_overlapping_bytes():
+    """The span test runs before the storage test (it is cheaper); the answer is the same."""
+    from aiter_patches.patches.moe_addend_fold import _overlaps
+
+    base = torch.zeros(8, 16, dtype=torch.bfloat16)
+    assert _overlaps(base[:4], base[3:])  # one shared row
+    assert not _overlaps(base[:4], base[4:])  # adjacent rows of one storage
+    assert _overlaps(base[:, :8], base[:, 8:])  # interleaved rows: the spans overlap (the rule is conservative)
+    assert not _overlaps(base, base.clone())
+    assert not _overlaps(base[:0], base)
+    view = torch.zeros(64, dtype=torch.bfloat16)
+    assert _overlaps(view[8:40].view(2, 16), view[32:].view(2, 16))

@@ -60,3 +60,27 @@ def test_no_key_under_torch_compile_tracing(monkeypatch):
     monkeypatch.setattr(call_key, "_compiling", lambda: True)
     with pytest.raises(call_key.Unkeyable):
         call_key.args_key((1,), {})
+
+
+def test_a_nan_float_hits_its_kept_verdict_and_signed_zeros_do_not_meet():
+    """NaN != NaN: keyed by value, every call with a fresh NaN would miss and keep a dead entry."""
+    nan = lambda: float("nan") * 1.0  # noqa: E731 - a new float object per call
+    verdicts = call_key.Verdicts("t")
+    for make in (lambda v: ((v,), {}), lambda v: ((), {"x": v})):
+        k = call_key.args_key(*make(nan()))
+        verdicts.put(k, "kept")
+        for _ in range(5):
+            assert verdicts.get(call_key.args_key(*make(nan()))) == "kept"
+    assert len(verdicts) == 2
+    assert call_key.args_key((0.0,), {}) != call_key.args_key((-0.0,), {})
+    assert call_key.value_key(-0.0) != call_key.value_key(0.0)
+    assert call_key.args_key((1.5,), {}) == ((call_key.value_key(1.5),), ())
+
+
+def test_past_the_keyer_limit_no_code_is_generated(monkeypatch):
+    monkeypatch.setattr(call_key, "_KEYERS", {(i,): False for i in range(call_key.MAX_KEYERS)})
+    monkeypatch.setattr(call_key, "exec", lambda *a: pytest.fail("code generated past the limit"), raising=False)
+    t = torch.zeros(2)
+    assert call_key._keyer((torch.Tensor, int)) is False
+    assert call_key.args_key((t, 3), {}) == ((call_key.value_key(t), call_key.value_key(3)), ())
+    assert len(call_key._KEYERS) == call_key.MAX_KEYERS

@@ -133,3 +133,13 @@ def test_kept_verdicts_hold_no_tensor(stub, fresh, device):
         elif callable(obj) and getattr(obj, "__closure__", None):
             todo += [c.cell_contents for c in obj.__closure__]
     gc.collect()
+
+
+def test_applying_again_decides_afresh(stub, fresh, device):
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=1)
+    gemm(A, Bs, zero_out(M, N, device), A_scale, B_scale, splitK=2, out_zeroed=True)
+    assert len(patch.VERDICTS) == 1
+    aiter_patches.revert([NAME])
+    aiter_patches.apply([NAME])
+    assert len(patch.VERDICTS) == 0

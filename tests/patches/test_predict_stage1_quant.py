@@ -133,3 +133,55 @@ def test_situv2_interleaved_with_flydsl_is_not_asked_for_a_config(stub, monkeypa
     monkeypatch.setattr(fm, "is_flydsl_available", lambda: True)
     assert msq.predict_stage1_quant(_bound(stub, 3, **kw)) is None
     assert len(calls) == 1
+
+
+def test_the_kernel_config_is_asked_once_per_key_and_again_for_a_changed_input(stub, monkeypatch):
+    """_kernel_config keeps AITER's answer per key (issue 15): new tensors of the same metadata hit;
+    another token count, a weight's is_shuffled flag set later, or AITER's function replaced, ask again."""
+    fm = stub.fused_moe
+    calls = _counting_cfgs(monkeypatch, fm)
+    fp4 = stub.dtypes.fp4x2
+    b = _bound(stub, 3, E=8, topk=2)
+    assert msq.predict_stage1_quant(b) == fp4
+    assert msq.predict_stage1_quant(_bound(stub, 3, E=8, topk=2)) == fp4
+    assert len(calls) == 1
+    assert msq.predict_stage1_quant(_bound(stub, 40, E=8, topk=2)) == fp4
+    assert len(calls) == 2 and calls[-1][0] == fm.get_padded_M(40)
+    b["w1"].is_shuffled = True  # AITER marks shuffled weights with an attribute, not in their metadata
+    msq.predict_stage1_quant(b)
+    assert len(calls) == 3 and calls[-1][14] is True
+    monkeypatch.setattr(fm, "get_2stage_cfgs", lambda *a, **k: type("Cfg", (), {"run_1stage": True})())
+    assert msq.predict_stage1_quant(b) is None  # the replaced function's answer: one-stage, no stage-1 quant
+
+
+def test_a_config_asked_with_a_tensor_or_that_raised_is_asked_every_call(stub, monkeypatch):
+    fm = stub.fused_moe
+    calls = _counting_cfgs(monkeypatch, fm)
+    b = _bound(stub, 3, E=8, topk=2, hidden_pad=torch.tensor(0))
+    msq.predict_stage1_quant(b)
+    msq.predict_stage1_quant(b)
+    assert len(calls) == 2  # a tensor's value is not in a key
+    counted = fm.get_2stage_cfgs
+    failures = []
+
+    def flaky(*a, **k):
+        if not failures:
+            failures.append(a)
+            raise RuntimeError("tuned config file busy")
+        return counted(*a, **k)
+
+    monkeypatch.setattr(fm, "get_2stage_cfgs", flaky)
+    b = _bound(stub, 5, E=8, topk=2)
+    assert msq.predict_stage1_quant(b) is None
+    assert msq.predict_stage1_quant(b) == stub.dtypes.fp4x2  # asked again, not kept as None
+
+
+def test_the_environment_switches_are_read_every_call(stub, monkeypatch):
+    """What the prediction reads of the environment is not kept: a switch set between calls is seen."""
+    b = _bound(stub, 300, E=8, topk=2, activation=stub.ActivationType.Swiglu, gate_mode="interleave")
+    assert msq.predict_stage1_quant(b) == stub.dtypes.fp8
+    monkeypatch.setenv("AITER_BF16_FP8_MOE_BOUND", "512")
+    assert msq.predict_stage1_quant(b) is None
+    monkeypatch.setenv("AITER_STUB_GFX", "gfx942")
+    monkeypatch.delenv("AITER_BF16_FP8_MOE_BOUND")
+    assert msq.predict_stage1_quant(b) is None

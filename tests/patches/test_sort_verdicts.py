@@ -194,3 +194,38 @@ def test_a_hit_launches_on_this_calls_arguments(stub, device, decided, n_keyword
     for a, exp in zip(cases, expected):
         assert_same_sort_and_zeroed_buf(exp, call(a), BLOCK)
     assert decided == [1, 1] and stats()["fast"] == 3 and msq.VERDICTS.hits == 1
+
+
+def test_applying_again_decides_afresh(stub, device, decided):
+    """A user who reverts, changes AITER and applies again must not get the old verdicts replayed."""
+    a = sort_args(device)
+    impl(a)
+    impl(a)
+    assert decided == [1] and len(msq.VERDICTS) == 1
+    aiter_patches.revert([NAME])
+    aiter_patches.apply([NAME])
+    assert len(msq.VERDICTS) == 0
+    impl(a)
+    assert decided == [1, 1]
+
+
+def test_a_failed_workspace_query_is_asked_again_next_call(stub, device, decided, monkeypatch):
+    """AITER's workspace size unknown this time (the sort-only rule cannot say): that call goes to
+    AITER, counted; the verdict is not kept, so the next call asks again and may launch."""
+    import aiter
+
+    real = aiter.moe_sorting_opus_get_workspace_size
+    failures = []
+
+    def flaky(*a):
+        if not failures:
+            failures.append(a)
+            raise RuntimeError("JIT module still loading")
+        return real(*a)
+
+    monkeypatch.setattr(aiter, "moe_sorting_opus_get_workspace_size", flaky)
+    a = sort_args(device)
+    impl(a)
+    assert stats()["fast"] == 0 and list(stats()["fallback"]) == [msq.WORKSPACE_UNKNOWN]
+    impl(a)
+    assert stats()["fast"] == 1 and len(msq.VERDICTS) == 1
