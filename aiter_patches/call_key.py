@@ -8,9 +8,10 @@ keeps it here: a hit reads the arguments' metadata once, into this key, and skip
 What a key holds, per argument: for a plain ``torch.Tensor`` or ``torch.nn.Parameter``, its type,
 shape, strides, dtype, device and ``requires_grad`` (everything a gate may read of a tensor's
 metadata: ``dim()``, ``is_contiguous()``, ``numel()`` follow from them); for ``None``, a bool, int,
-float, str, ``torch.dtype``, ``torch.device`` or an ``Enum`` member, its type and value (a float by its
-exact bits, ``float.hex``: every NaN is one key, as NaN != NaN would make a dead entry per call, and
--0.0 is not 0.0). Anything
+float, str, ``torch.dtype``, ``torch.device`` or an ``Enum`` member, its type and value (a float by
+``float.hex``: exact for every finite value and the infinities, -0.0 is not 0.0, and every NaN, whatever
+its sign and payload, is the one key ``'nan'``, as NaN != NaN would make a dead entry per call; no gate
+tells NaNs apart). Anything
 else (a tensor subclass, a list, an object) makes the call unkeyable: its gate runs in full, every
 call. Positional and keyword arguments are keyed as given (names and order), so the binding is the
 same for every call of a key. Never a data pointer or a tensor's contents: a key never syncs the

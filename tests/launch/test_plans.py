@@ -368,3 +368,45 @@ def test_prepared_passes_one_tensor_at_each_position_of_its_group(fake):
     for j, group in enumerate(plan.sort.tensor_at):
         for pos in group:
             assert args[pos].numel() == j + 1
+
+
+@pytest.mark.parametrize("case", ["plain", "mask", "nlt", "init", "fp4", "fp8", "no-zero", "given-buf",
+                                  "prescanned-split", "prescanned-fused", "everything"])
+def test_sort_groups_only_share_a_place_between_the_same_tensor(fake, monkeypatch, case):
+    """Every group of the sort launch's positions names one tensor of the call: at each position of a
+    group the API built the very same object (else the launch would get one tensor's pointer at
+    another's place: a wrong address). Checked on the 17 tensors the API hands over, in every path."""
+    seen = []
+    real_groups = k._sort_groups
+
+    def checked(*flags):
+        groups, pick = real_groups(*flags)
+
+        def pick_checked(tensors):
+            for group in groups:
+                first = tensors[k._SORT_TENSORS.index(group[0])]
+                assert all(tensors[k._SORT_TENSORS.index(p)] is first for p in group), (flags, group)
+            seen.append(len(groups))
+            return pick(tensors)
+        return groups, pick_checked
+
+    monkeypatch.setattr(k, "_sort_groups", checked)
+    M, K, E, D = 5, 4, 32, 256
+    ids, w = routing(M, K, E)
+    x = torch.randn(M, D).to(torch.bfloat16)
+    kw = {"plain": {}, "mask": dict(expert_mask=torch.ones(E, dtype=torch.int32)),
+          "nlt": dict(num_local_tokens=torch.tensor([M], dtype=torch.int32)),
+          "init": dict(moe_buf_init=torch.randn(M, D).to(torch.bfloat16)),
+          "fp4": dict(quant_input=x, quant_dtype=FP4), "fp8": dict(quant_input=x, quant_dtype=torch.float8_e4m3fn),
+          "no-zero": dict(zero_moe_buf=False), "given-buf": dict(moe_buf=torch.empty(M, D, dtype=torch.bfloat16)),
+          "prescanned-split": dict(quant_input=x, quant_dtype=FP4, quant_semantics="split"),
+          "prescanned-fused": dict(quant_input=x, quant_dtype=FP4, quant_semantics="fused"),
+          "everything": dict(expert_mask=torch.ones(E, dtype=torch.int32),
+                             num_local_tokens=torch.tensor([M], dtype=torch.int32),
+                             moe_buf_init=torch.randn(M, D).to(torch.bfloat16), quant_input=x, quant_dtype=FP4,
+                             moe_buf=torch.empty(M, D, dtype=torch.bfloat16))}[case]
+    if case.startswith("prescanned") or case == "everything":
+        monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 8)  # the rank tables (and, split, the compact scales)
+    k.moe_sort_mx_quant(ids, w, E, D, torch.bfloat16, 32, **kw)
+    k.moe_sort_mx_quant(ids, w, E, D, torch.bfloat16, 32, **kw)  # the plan's hit
+    assert len(seen) == 2

@@ -334,7 +334,7 @@ def test_cuda_graph_with_addend(stub):
 
 
 def test_overlap_is_same_storage_and_overlapping_bytes():
-    """The span test runs before the storage test (it is cheaper); the answer is the same."""
+    """Same storage and overlapping byte spans: both must hold (the storage test runs first, the cheaper one)."""
     from aiter_patches.patches.moe_addend_fold import _overlaps
 
     base = torch.zeros(8, 16, dtype=torch.bfloat16)
