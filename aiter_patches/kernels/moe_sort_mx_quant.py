@@ -10,7 +10,8 @@ e8m0 scale bytes at the swizzled sorted-row addresses, its quantized data row an
 ``moe_buf`` row. No program waits for another.
 
 Decode (a token bucket whose ceiling has at most ``DECODE_MAX_PAIRS`` pairs, or
-``DECODE_PAIRS_PER_BIN`` per expert bin where that is more: the count below grows with ``E``)
+``DECODE_PAIRS_PER_BIN`` per expert bin where that is more, from ``DECODE_PER_BIN_MIN_BINS`` bins: the
+count below grows with ``E``)
 costs nothing per expert: each program works on all pairs itself, and its cost is one program's latency (every
 program repeats it: no program waits for another). Two methods, judged on the bucket ceiling's
 pair count padded to a power of two (``PAIRS_PAD``):
@@ -93,6 +94,9 @@ CHUNK_PAIRS = 512
 # power of two). bench/bench_moe_sort_quant.py --candidates times each choice (issue 16).
 DECODE_MAX_PAIRS = 32  # decode methods up to max(this, DECODE_PAIRS_PER_BIN x E_BINS) pairs (H200 table below)
 DECODE_PAIRS_PER_BIN = 0.5  # the count grows with E: the sort beat it up to E_BINS / 2 pairs (docs/bench/moe_sort_quant_candidates_h200.md)
+# ... from this many bins: with fewer the count is cheap and beat both decode methods from 64 pairs
+# (256 bins, 128 experts: 0.2-0.4 µs in three H200 runs; docs/bench/moe_sort_quant_h200.md, `old` column)
+DECODE_PER_BIN_MIN_BINS = 512
 DECODE_COMPARE_MAX_PAIRS = 64  # packed one-tile comparison: ALU ~ pairs^2 / threads; at 128 pairs 2x the sort on the H200
 DECODE_COMPARE_TILE = 4096  # elements of a comparison tile [CH, PAIRS_PAD] (16384: 754 SGPRs spilled on AMD at 128)
 DECODE_SORT_SELECT = True  # sort: own slots select their rows from the sorted vectors (else reload + count)
@@ -757,6 +761,7 @@ _plans: dict[tuple, "_SortPlan"] = {}
 def _tunables() -> tuple:
     """The module constants a plan is derived from (benchmarks and tests change them)."""
     return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
+            DECODE_PER_BIN_MIN_BINS,
             DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             SCALE_TILE_BYTES, QUANT_GROUPS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
@@ -921,7 +926,8 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
     decode sort or comparison (up to ``DECODE_MAX_PAIRS`` pairs), or the per-program expert count;
     parameters a path does not read stay fixed, so they never cause a recompile."""
     decode, pp = 0, 1
-    if not prescanned and pairs <= max(DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN * e_bins):
+    per_bin = DECODE_PAIRS_PER_BIN * e_bins if e_bins >= DECODE_PER_BIN_MIN_BINS else 0
+    if not prescanned and pairs <= max(DECODE_MAX_PAIRS, per_bin):
         pp = max(_next_pow2(pairs), DECODE_MIN_PAIRS_PAD)
         decode = 2 if pp <= DECODE_COMPARE_MAX_PAIRS else 1
     select = decode == 1 and DECODE_SORT_SELECT

@@ -370,6 +370,19 @@ def test_decode_threshold_grows_with_expert_bins(monkeypatch):
     assert k.decode_path(64, 16, 896) == "count"
 
 
+def test_few_expert_bins_take_the_count_from_64_pairs(monkeypatch):
+    """Below DECODE_PER_BIN_MIN_BINS expert bins the per-bin threshold does not apply: the count (cheap
+    over 256 bins) takes buckets past DECODE_MAX_PAIRS; with more bins the decode methods keep them."""
+    monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 32)
+    monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 0.5)
+    monkeypatch.setattr(k, "DECODE_COMPARE_MAX_PAIRS", 64)
+    monkeypatch.setattr(k, "DECODE_PER_BIN_MIN_BINS", 512)
+    assert [k.decode_path(M, 8, 128) for M in (4, 8, 16)] == ["compare", "count", "count"]  # 256 bins
+    assert [k.decode_path(M, 8, 256) for M in (4, 8, 16)] == ["compare", "compare", "sort"]  # 512 bins
+    monkeypatch.setattr(k, "DECODE_PER_BIN_MIN_BINS", 256)
+    assert [k.decode_path(M, 8, 128) for M in (4, 8, 16)] == ["compare", "compare", "sort"]
+
+
 def test_unsupported_reason_reads_metadata_only():
     ids, w = routing(4, 2, 8)
     x = activations(4, 256)
