@@ -4,12 +4,15 @@ The SGLang and vLLM folds take the same decision at the routed call: the addend 
 exactly the tensor ``fused_moe`` would return (shape, dtype, device), on the stream the shared
 experts ran on, with ``moe_addend_fold``'s layer below to take it and no caller-owned output.
 One function, so the two servers cannot drift apart on it; ``offer`` is the routed call's hook
-body that both folds run once their scope holds a shared output.
+body that both folds run once their scope holds a shared output, ``fused_moe_wrapper`` the hook.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from ..patches import moe_call
+from . import compile_state
 
 FOLD = "moe_addend_fold"
 
@@ -48,3 +51,25 @@ def offer(inner, args: tuple, kwargs: dict, scope: Any, binder: Any, counters: A
         counters.fallback(why)
         return inner(*args, **kwargs), False
     return inner(*args, moe_addend=add, **kwargs), True
+
+
+def fused_moe_wrapper(inner, site, current_scope: Callable[[], Any], stream_of: Callable[[Any], Any],
+                      record: Callable[[Any, Any], None]):
+    """The routed ``fused_moe`` hook of a fold: as given while Dynamo traces, without a scope holding an
+    unoffered shared output (``current_scope()``: the fold's scope or None), or with ``moe_addend``
+    already given; else :func:`offer`, and ``record(scope, out)`` where the addend was passed."""
+    binder, counters = site.binder, site.counters
+    takes_addend = getattr(inner, "__aiter_patches__", None) == FOLD
+
+    def fused_moe(*args, **kwargs):
+        if compile_state.tracing():
+            return inner(*args, **kwargs)
+        scope = current_scope()
+        if scope is None or scope.shared is None or scope.offered or "moe_addend" in kwargs:
+            return inner(*args, **kwargs)
+        out, folded = offer(inner, args, kwargs, scope, binder, counters, takes_addend, stream_of)
+        if folded:
+            record(scope, out)
+        return out
+
+    return moe_call.like(fused_moe, inner)

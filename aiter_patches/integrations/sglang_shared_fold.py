@@ -47,7 +47,7 @@ from ..signatures import Pin
 from . import addend_offer, compile_state, source_gate, streams
 
 NAME = "sglang_shared_expert_fold"
-FOLD = "moe_addend_fold"
+FOLD = addend_offer.FOLD
 MODULE = "sglang.srt.models.deepseek_v2"
 CLASS = "DeepseekV2MoE"
 FUSE_ADD = "maybe_fuse_routed_scale_and_shared_add"
@@ -218,22 +218,10 @@ def _dual_stream_wrapper(inner, site):
 
 
 def _fused_moe_wrapper(inner, site):
-    binder = site.binder
-    counters = site.counters
-    takes_addend = getattr(inner, "__aiter_patches__", None) == FOLD
+    def record(scope, out):
+        scope.out = out
 
-    def fused_moe(*args, **kwargs):
-        if compile_state.tracing():
-            return inner(*args, **kwargs)
-        scope = _scope.get()
-        if scope is None or scope.shared is None or scope.offered or "moe_addend" in kwargs:
-            return inner(*args, **kwargs)
-        out, folded = addend_offer.offer(inner, args, kwargs, scope, binder, counters, takes_addend, _stream)
-        if folded:
-            scope.out = out
-        return out
-
-    return moe_call.like(fused_moe, inner)
+    return addend_offer.fused_moe_wrapper(inner, site, _scope.get, lambda device: _stream(device), record)
 
 
 def _fuse_add_wrapper(inner, site):

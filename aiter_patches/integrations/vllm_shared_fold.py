@@ -58,7 +58,7 @@ from ..signatures import Pin
 from . import addend_offer, compile_state, source_gate, streams
 
 NAME = "vllm_shared_expert_fold"
-FOLD = "moe_addend_fold"
+FOLD = addend_offer.FOLD
 RUNNER = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
 SHARED = "vllm.model_executor.layers.fused_moe.runner.shared_experts"
 _MR = "vllm 0.33.0 vllm/model_executor/layers/fused_moe/runner/moe_runner.py"
@@ -246,22 +246,14 @@ def _shared_forward_wrapper(inner, site):
 
 
 def _fused_moe_wrapper(inner, site):
-    binder = site.binder
-    counters = site.counters
-    takes_addend = getattr(inner, "__aiter_patches__", None) == FOLD
-
-    def fused_moe(*args, **kwargs):
-        if compile_state.tracing():
-            return inner(*args, **kwargs)
+    def current():
         scope = _scope.get()
-        if not isinstance(scope, _Scope) or scope.shared is None or scope.offered or "moe_addend" in kwargs:
-            return inner(*args, **kwargs)
-        out, folded = addend_offer.offer(inner, args, kwargs, scope, binder, counters, takes_addend, _stream)
-        if folded:
-            scope.folded = True  # moe_addend_fold's contract: out holds routed + shared
-        return out
+        return scope if isinstance(scope, _Scope) else None  # not the declined marker
 
-    return moe_call.like(fused_moe, inner)
+    def record(scope, out):
+        scope.folded = True  # moe_addend_fold's contract: out holds routed + shared
+
+    return addend_offer.fused_moe_wrapper(inner, site, current, lambda device: _stream(device), record)
 
 
 def _scale_wrapper(inner, site):

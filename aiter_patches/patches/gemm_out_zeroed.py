@@ -66,9 +66,6 @@ def _kernel():
     return _KERNEL[0]
 
 
-_triton = _kernel
-
-
 def _aiter_root() -> str | None:
     from ..kernels import hip_blockscale_asm as hip
 
@@ -88,7 +85,7 @@ def _environment() -> tuple:
     k = _KERNEL[0] if _KERNEL else _kernel()
     gemm_op = sys.modules.get("aiter.ops.gemm_op_a8w8")
     aiter = sys.modules.get("aiter")
-    return (aiter, _stand_in(aiter), getattr(gemm_op, "launcher_split", None), runtime.triton_backend_reason,
+    return (aiter, getattr(gemm_op, "launcher_split", None), runtime.triton_backend_reason,
             os.environ.get("TRITON_INTERPRET"), torch.is_grad_enabled(), k.MAX_WORKSPACE_BYTES, k.MAX_SPLITS,
             k.block_config, k._blockscale_gemm_kernel, k.unsupported_reason)
 
@@ -122,12 +119,11 @@ def _wrapper(inner, site):
                 pass
         got = verdicts.get(key) if key is not None else None
         if got is None:
-            plan, operands, bound, keep = _decide(binder, args, kwargs)
-            if key is not None and keep:
+            plan, operands = _decide(binder, args, kwargs)
+            if key is not None:  # made only on the stand-in: its verdict follows from what the key holds
                 verdicts.put(key, (plan, _operand_getter(binder, args, kwargs) if operands else None))
         else:
             plan, get = got
-            bound = None
             operands = get(args, kwargs) if get is not None else None
         if isinstance(plan, HandBack):
             counters.fallback(plan.reason)
@@ -141,32 +137,30 @@ def _wrapper(inner, site):
             counters.failed(exc, "GEMM launch without memset")
             return inner(*args, **kwargs)
         counters.hit()
-        return operands[2] if operands is not None else bound["out"]
+        return operands[2]  # every plan that launches came with its operands
 
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle_asm, inner)
 
 
 def _decide(binder, args, kwargs):
-    """``(verdict, operands or None, bound, keep)``: the gate in full, for a call not decided yet;
-    ``keep``: the verdict follows from what the key holds (not real AITER's .co branch)."""
+    """``(verdict, operands or None)``: the gate in full, for a call not decided yet."""
     bound, problems = binder.bind(args, kwargs)
     if problems:
-        return HandBack(problems[0]), None, bound, True
+        return HandBack(problems[0]), None
     if bound.get("bias") is not None:
-        return HandBack("bias given"), None, bound, True
+        return HandBack("bias given"), None
     for name in ("splitK", "bpreshuffle"):  # read by value: a tensor would be keyed by metadata only
         if isinstance(bound.get(name), torch.Tensor):
-            return HandBack(f"{name} is a tensor: the gate reads it as a Python value"), None, bound, True
+            return HandBack(f"{name} is a tensor: the gate reads it as a Python value"), None
     reason = _autograd_reason(bound["out"])
     if reason is not None:
-        return HandBack(reason), None, bound, True
-    keep = _stand_in(sys.modules.get("aiter"))
+        return HandBack(reason), None
     try:
         plan = _plan(bound)
     except ValueError as exc:  # AITER would raise the same check: let it, with its own message
         plan = HandBack(f"launcher check: {exc}")
     operands = None if isinstance(plan, HandBack) else tuple(bound[n] for n in _OPERANDS)
-    return plan, operands, bound, keep
+    return plan, operands
 
 
 def _stand_in(aiter) -> bool:

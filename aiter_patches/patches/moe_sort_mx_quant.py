@@ -33,7 +33,6 @@ KERNEL_MODULE = "aiter_patches.kernels.moe_sort_mx_quant"
 
 _PER_1X32 = 3  # QuantType.per_1x32
 _SWIGLU, _SITUV2 = 2, 3  # ActivationType
-_SHARED_EXPERT_ARGS = ("shared_w1", "shared_w2", "shared_w1_scale", "shared_w2_scale")
 
 
 _KERNEL = []  # the kernel module, imported at the first call (an import statement per call costs ~1 µs)
