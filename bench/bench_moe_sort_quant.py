@@ -60,7 +60,8 @@ FORCED = {  # module constants per measured method (the rest as configured)
     # issue 16's candidates (--candidates): each decides one constant, see the table's notes
     "main": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024), DECODE_MAX_PAIRS=256, DECODE_PAIRS_PER_BIN=0,
                  DECODE_COMPARE_MAX_PAIRS=0,
-                 DECODE_SORT_SELECT=False, DECODE_NUM_WARPS=0, COUNT_GATHER=False),  # the constants before issue 16's round
+                 DECODE_SORT_SELECT=False, DECODE_NUM_WARPS=0, COUNT_GATHER=False,
+                 DEFER_QUANT_MATH=False, QUANT_ONE_STEP_GROUPS=32),  # the constants before issue 16's round
     "coarse": dict(TOKEN_BUCKETS=(4, 16, 64, 256, 1024)),
     "sort-reload": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=False),
     "sort-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=8),
@@ -71,6 +72,29 @@ FORCED = {  # module constants per measured method (the rest as configured)
     # fields, summing each pair's padding in 16.16 fixed point, lost in every row: see
     # docs/bench/moe_sort_quant_buckets_h200.md)
     "prev": dict(TOKEN_BUCKETS=(4, 8, 16, 32, 64, 256, 1024)),
+    # fewer warps (the decode cost is dependent latency: fewer warps, fewer cross-warp reductions),
+    # and the row work's split (more programs per row: each quantizes its share up front, under the sort)
+    "w1": dict(DECODE_NUM_WARPS=1),
+    "w2": dict(DECODE_NUM_WARPS=2),
+    "compare-1w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=1),
+    "compare-2w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=2),
+    "sort-2w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=2),
+    "old-2w": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_NUM_WARPS=2),
+    "old-8w": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_NUM_WARPS=8),
+    "split512": dict(ROW_SPLIT_PROGRAMS=512),
+    # the row quant's schedule (DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS): the constants before it, and each half
+    "prev-quant": dict(DEFER_QUANT_MATH=False, QUANT_ONE_STEP_GROUPS=32),
+    "no-defer": dict(DEFER_QUANT_MATH=False),
+    "one-step-32": dict(QUANT_ONE_STEP_GROUPS=32),
+    "loop-128": dict(QUANT_GROUPS=128),
+    # the transposed comparison (DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS): off, with 4 or 16 warps,
+    # and up to 128 padded pairs in one 16384-element tile
+    "no-compare-t": dict(DECODE_COMPARE_T_MIN_PAIRS=_ALL * 2),
+    "compare-t-4w": dict(DECODE_COMPARE_T_WARPS=4),
+    "compare-t-16w": dict(DECODE_COMPARE_T_WARPS=16),
+    "compare-t-128": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=128, DECODE_COMPARE_TILE=16384),
+    "compare-t-128-16w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=128, DECODE_COMPARE_TILE=16384,
+                              DECODE_COMPARE_T_WARPS=16),
 }
 CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k,prev"
 
@@ -124,7 +148,7 @@ class Row:
         M, K, E, N = self.M, self.K, self.E, self.N
         g_pad = kernel._next_pow2(N // 32) if quant else 1
         batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
-        return kernel.decode_path(M, K, E), quant, tuple(sorted(batch.items()))
+        return kernel.decode_path(M, K, E), quant, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH
 
     def pairs_pad(self) -> int:
         """The decode methods' padded pair count for this row (0 on the other paths)."""
@@ -308,7 +332,9 @@ def main():
         f"{kernel.DECODE_PAIRS_PER_BIN}, DECODE_COMPARE_MAX_PAIRS "
         f"{kernel.DECODE_COMPARE_MAX_PAIRS}, DECODE_COMPARE_TILE {kernel.DECODE_COMPARE_TILE}, DECODE_SORT_SELECT "
         f"{kernel.DECODE_SORT_SELECT}, DECODE_NUM_WARPS {kernel.DECODE_NUM_WARPS}, TOKEN_BUCKETS "
-        f"{kernel.TOKEN_BUCKETS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}. -->",
+        f"{kernel.TOKEN_BUCKETS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}, DEFER_QUANT_MATH "
+        f"{kernel.DEFER_QUANT_MATH}, QUANT_ONE_STEP_GROUPS {kernel.QUANT_ONE_STEP_GROUPS}, QUANT_GROUPS "
+        f"{kernel.QUANT_GROUPS}. -->",
         "",
         f"# MoE sort + zero + MXFP4 quant on {harness.gpu_name()}",
         "",

@@ -20,7 +20,9 @@ pair count padded to a power of two (``PAIRS_PAD``):
   ``[CH, PAIRS_PAD]`` tiles (one tile up to ``DECODE_COMPARE_TILE`` elements), two reductions
   per tile that each sum packed fields: per pair its expert's count and later pairs (so its
   padding, on its expert's last pair), then per own slot the rows before it and its padding.
-  No sort stages, no ``E``; ALU grows with the pairs squared.
+  No sort stages, no ``E``; ALU grows with the pairs squared. From ``DECODE_COMPARE_T_MIN_PAIRS`` the
+  per-pair tile is ``[PAIRS_PAD, CH]``, reduced over its rows, so that its sums come out in the layout
+  the own-slot tile broadcasts (no conversion between the two reductions), with its own warps.
 * sort: ``tl.sort`` of all pairs by ``(expert << bits) | pair``; segment starts and last pairs
   from adjacent differences of the sorted experts; segments start at multiples of the block
   size, so a pair's row is its sorted index plus the padding of the segments before it. A
@@ -58,6 +60,11 @@ kernel (zero-weight pairs get scale 0 and, when all of a token's pairs have weig
 data row; with ``T < M`` the padding rows get scale 0 and data row ``T`` is zeroed), "split" =
 AITER's split path (every real pair gets its token's scales); "auto" picks like AITER does
 (fused when ``M * topk <= 2048``).
+
+The row work (``moe_buf`` fill and the quant of a program's share of a row, ``G_TILE`` groups) comes
+first so that its loads overlap the routing math; a share of up to ``QUANT_ONE_STEP_GROUPS`` groups is
+loaded before the routing and quantized after it (``DEFER_QUANT_MATH``), a wider one ``QUANT_GROUPS`` at
+a time after it.
 
 Everything is integer arithmetic on fp32 bit patterns, so results are bit-exact on NVIDIA,
 AMD and the Triton interpreter. The launch path never syncs: no ``.item()``, only
@@ -99,14 +106,28 @@ DECODE_PAIRS_PER_BIN = 0.5  # the count grows with E: the sort beat it up to E_B
 DECODE_PER_BIN_MIN_BINS = 512
 DECODE_COMPARE_MAX_PAIRS = 64  # packed one-tile comparison: ALU ~ pairs^2 / threads; at 128 pairs 2x the sort on the H200
 DECODE_COMPARE_TILE = 4096  # elements of a comparison tile [CH, PAIRS_PAD] (16384: 754 SGPRs spilled on AMD at 128)
+# compare from this many padded pairs: the per-pair tile as [pairs, chunk] (reduced over its rows, so its sums
+# come out in the layout the own-slot tile broadcasts) and DECODE_COMPARE_T_WARPS warps. H200, same run, at 64:
+# 3.54 -> 3.17 µs (256 experts, 8 tokens), 3.64 -> 3.23 (896, 4 tokens); at 16-32 both cost 0.1-0.3 µs
+# (docs/bench/moe_sort_quant_defer_h200.md)
+DECODE_COMPARE_T_MIN_PAIRS = 64
+DECODE_COMPARE_T_WARPS = 8
 DECODE_SORT_SELECT = True  # sort: own slots select their rows from the sorted vectors (else reload + count)
 DECODE_NUM_WARPS = 0  # warps of a decode-method launch (0: as the row work picks, 4 or 8)
+COUNT_NUM_WARPS = 0  # warps of a per-program-count launch (0: as the row work picks, 4 or 8)
 COUNT_GATHER = True  # per-program count: own experts' starts by tl.gather (else [K_PAD, E_BINS] one-hot sums)
 DECODE_MIN_PAIRS_PAD = 16  # fewer variants at tiny batches
 DECODE_TILE = 1024  # elements of the sort's reload-and-count tile (4096 spilled SGPRs on gfx950: bench/amd_spills_sort.py)
 TILE = 8192  # elements of a one-hot counting tile
 ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until about this many
 MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_quant.py tunes these)
+# A program's share of a row up to QUANT_ONE_STEP_GROUPS groups is quantized in one step, its load
+# issued first and (DEFER_QUANT_MATH) its math after the routing, so the load's latency hides under the
+# routing math; wider shares go QUANT_GROUPS at a time after it. H200, same run: 0.1-0.4 µs off every
+# decode row (docs/bench/moe_sort_quant_defer_h200.md); 128-group loop steps were slower (one step
+# of 256 groups: not measured)
+DEFER_QUANT_MATH = True
+QUANT_ONE_STEP_GROUPS = 128
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
 SCALE_TILE_BYTES = 1024  # bytes of the swizzled scale layout a program writes per step
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
@@ -190,10 +211,23 @@ def _mx_quant_row(x_row_ptr, G, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.c
                   NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
                   INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr):
     """Scale bytes ``[G_PAD]`` and element codes ``[G_PAD, 32]`` (int32, sign included)."""
+    return _mx_quant_groups(_load_groups(x_row_ptr, G, G_PAD), MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT,
+                            INV_MAX_BITS, FLOOR_BITS, G_PAD)
+
+
+@triton.jit
+def _load_groups(x_row_ptr, G, G_PAD: tl.constexpr):
     gi = tl.arange(0, G_PAD)[:, None]
     ei = tl.arange(0, 32)[None, :]
-    x = tl.load(x_row_ptr + gi * 32 + ei, mask=gi < G, other=0.0).to(tl.float32)
-    bits = x.to(tl.int32, bitcast=True)
+    return tl.load(x_row_ptr + gi * 32 + ei, mask=gi < G, other=0.0)
+
+
+@triton.jit
+def _mx_quant_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr,
+                     NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+                     INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr):
+    """:func:`_mx_quant_row` of loaded groups ``x`` (``[G_PAD, 32]``, as stored)."""
+    bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     abits = bits & 0x7FFFFFFF
     amax_bits = tl.max(tl.where(abits > 0x7F800000, 0, abits), axis=1)  # NaN skipped, as AITER's fmaxf
     nonfinite = amax_bits >= 0x7F800000
@@ -342,7 +376,7 @@ def _decode_by_sort(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS: tl.co
 @triton.jit
 def _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK,
                        E_BINS: tl.constexpr, HAS_MASK: tl.constexpr, PP: tl.constexpr,
-                       CH: tl.constexpr):
+                       CH: tl.constexpr, TRANSPOSED: tl.constexpr):
     """As :func:`_decode_by_sort`, by comparing every pair with every other: no sort, for a
     handful of tokens. ``[CH, PP]`` tiles (one when ``CH == PP``), two reductions per tile, each
     summing packed fields: per pair ``j`` its expert's count (low 16 bits) and the later pairs of
@@ -356,8 +390,12 @@ def _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK,
     for c in range(0, PP, CH):
         j = c + tl.arange(0, CH)
         ej, kj = _expert_bins(ids_ptr, mask_ptr, j, P, E, E_BINS, HAS_MASK)
-        same = (ej[:, None] == e_all[None, :]) & keep_all[None, :]
-        s = tl.sum(tl.where(same, tl.where(k[None, :] > j[:, None], 65536, 1), 0), axis=1)
+        if TRANSPOSED:  # [PP, CH]: the per-pair sums come out in the layout the own-slot tile broadcasts
+            same = (e_all[:, None] == ej[None, :]) & keep_all[:, None]
+            s = tl.sum(tl.where(same, tl.where(k[:, None] > j[None, :], 65536, 1), 0), axis=0)
+        else:
+            same = (ej[:, None] == e_all[None, :]) & keep_all[None, :]
+            s = tl.sum(tl.where(same, tl.where(k[None, :] > j[:, None], 65536, 1), 0), axis=1)
         pad = tl.where(kj & ((s >> 16) == 0), (0 - (s & 0xFFFF)) & (BLOCK - 1), 0)
         total += tl.sum(tl.where(kj, 1 + pad, 0), 0)
         before = tl.where(ej[None, :] < eq[:, None], 1 + pad[None, :],
@@ -386,7 +424,7 @@ def _sort_quant_kernel(
     PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr, QG: tl.constexpr,
     COMPACT_SCALES: tl.constexpr,
     DECODE: tl.constexpr, PAIRS_PAD: tl.constexpr, PAIRS_BITS: tl.constexpr, CMP_CHUNK: tl.constexpr,
-    SORT_SELECT: tl.constexpr, COUNT_GATHER: tl.constexpr,
+    SORT_SELECT: tl.constexpr, COUNT_GATHER: tl.constexpr, DEFER_QUANT: tl.constexpr, COMPARE_T: tl.constexpr,
 ):
     t = tl.program_id(0)
     cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
@@ -397,14 +435,17 @@ def _sort_quant_kernel(
     bins = tl.arange(0, E_BINS)
     row = t.to(tl.int64)
 
-    # row work first: its loads overlap the routing math below (a wide row is quantized after it,
-    # QG groups at a time, so that a program's registers stay few and many programs fit an SM)
+    # row work first: its loads overlap the routing math below (the math waits for it with
+    # DEFER_QUANT; a share wider than one step is quantized after it, QG groups at a time, so that
+    # a program's registers stay few and many programs fit an SM)
     q_row = q_ptr + row * (G * (16 if FP4 else 32))
     x_row = x_ptr + row * x_stride
     if QUANT:
         if QG == G_TILE:
-            s, code = _mx_quant_row(x_row + g0 * 32, tl.where(t < M, G - g0, 0), MB, EMIN,
-                                    MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, G_TILE)
+            x_tile = _load_groups(x_row + g0 * 32, tl.where(t < M, G - g0, 0), G_TILE)
+            if not DEFER_QUANT:
+                s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
+                                           FLOOR_BITS, G_TILE)
     if BUF_MODE != 0:
         if t < T:
             d_lo = cs * D_SPLIT
@@ -451,7 +492,7 @@ def _sort_quant_kernel(
                                                HAS_MASK, PAIRS_PAD, PAIRS_BITS, CMP_CHUNK, SORT_SELECT)
         else:
             pos, fill, total = _decode_by_compare(ids_ptr, mask_ptr, P, q, eq, keep_q, E, BLOCK, E_BINS,
-                                                  HAS_MASK, PAIRS_PAD, CMP_CHUNK)
+                                                  HAS_MASK, PAIRS_PAD, CMP_CHUNK, COMPARE_T)
         if HAS_MASK:
             mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
             lid = tl.gather(tl.cumsum(mvals, 0) - mvals, tl.where(keep_q, eq, 0), 0)
@@ -488,6 +529,11 @@ def _sort_quant_kernel(
         rank = before + tl.sum(earlier.to(tl.int32), axis=1)
         pos = base + rank
         fill = tl.where(rank == cnt_q - 1, (cnt_q + BLOCK - 1) // BLOCK * BLOCK - cnt_q, 0)
+    if QUANT:
+        if QG == G_TILE:
+            if DEFER_QUANT:  # the row's load was issued first; its math waits until the routing is done
+                s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
+                                           FLOOR_BITS, G_TILE)
     wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
     mine = keep_q & ((slot * 0 + cs) == 0)
     tl.store(sid_ptr + pos, (slot << 24) | t, mask=mine)
@@ -762,7 +808,8 @@ def _tunables() -> tuple:
     """The module constants a plan is derived from (benchmarks and tests change them)."""
     return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
             DECODE_PER_BIN_MIN_BINS,
-            DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
+            DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
+            DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             SCALE_TILE_BYTES, QUANT_GROUPS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
@@ -877,7 +924,7 @@ def _make_plan(key: tuple) -> _SortPlan:
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=_round_up(_cdiv(model_dim, split), 16),
-        PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales,
+        PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales, DEFER_QUANT=DEFER_QUANT_MATH,
         num_warps=warps or (4 if qg * 32 <= WIDE_ROW_ELEMS else 8),
     ))
     if compact_scales:
@@ -916,7 +963,8 @@ def _batch_params(M: int, K: int, e_bins: int, k_pad: int, g_pad: int, quant: bo
                        max(g_pad // 16, 1) if quant else max(model_dim // 1024, 1)))
     g_tile = g_pad // split if quant else 1
     prescanned = _prescanned(M, K)
-    return dict(split=split, G_TILE=g_tile, QG=min(g_tile, QUANT_GROUPS),
+    qg = g_tile if g_tile <= QUANT_ONE_STEP_GROUPS else min(g_tile, QUANT_GROUPS)
+    return dict(split=split, G_TILE=g_tile, QG=qg,
                 **_sort_params(m_b * K, e_bins, k_pad, prescanned))
 
 
@@ -937,12 +985,14 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
         ch = max(1, min(pp, DECODE_TILE // k_pad))
     else:
         ch = 1
+    transposed = decode == 2 and pp >= DECODE_COMPARE_T_MIN_PAIRS
     out = dict(DECODE=decode, PAIRS_PAD=pp, PAIRS_BITS=pp.bit_length() - 1, CMP_CHUNK=ch, SORT_SELECT=select,
-               warps=DECODE_NUM_WARPS if decode else 0)
+               COMPARE_T=transposed,
+               warps=DECODE_NUM_WARPS or (DECODE_COMPARE_T_WARPS if transposed else 0) if decode else 0)
     if prescanned or decode:
         return dict(out, COUNT_CHUNK=2, USE_HIST=False, RANK_CHUNK=2, COUNT_GATHER=False)
     return dict(out, **_count_params(pairs, e_bins), RANK_CHUNK=max(2, min(_next_pow2(pairs), TILE // k_pad)),
-                COUNT_GATHER=COUNT_GATHER)
+                COUNT_GATHER=COUNT_GATHER, warps=COUNT_NUM_WARPS)
 
 
 def decode_path(num_tokens: int, topk: int, num_experts: int = 1) -> str:

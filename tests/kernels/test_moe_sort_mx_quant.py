@@ -227,10 +227,15 @@ def test_multi_launch_path(monkeypatch):
     run(41, 3, 8, 64, qd=None, kind="one", nlt=torch.tensor([40], dtype=torch.int32, device=DEV))
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_row_quantized_in_group_tiles(monkeypatch, groups):
-    """The wide-row loop (QUANT_GROUPS groups at a time), with 7 groups per row so the last tile is partial."""
+@pytest.mark.parametrize("groups,one_step,defer", [(1, 0, False), (2, 0, True), (8, 128, True), (8, 128, False)])
+def test_row_quantized_in_group_tiles(monkeypatch, groups, one_step, defer):
+    """The wide-row loop (QUANT_GROUPS groups at a time: no one-step share), with 7 groups per row so
+    the last tile is partial, and a row quantized in one step, its math before or after the routing
+    (DEFER_QUANT_MATH)."""
     monkeypatch.setattr(k, "QUANT_GROUPS", groups)
+    monkeypatch.setattr(k, "QUANT_ONE_STEP_GROUPS", one_step)
+    monkeypatch.setattr(k, "DEFER_QUANT_MATH", defer)
+    assert k._batch_params(3, 4, 16, 4, 8, True, 224)["QG"] == groups
     run(3, 4, 8, 16, N=224, qd=FP4)
     run(37, 2, 8, 32, N=224, qd=FP8, semantics="fused", nlt=torch.tensor([30], dtype=torch.int32, device=DEV))
     run(9, 3, 16, 16, N=224, qd=FP8NUZ, xkind="special", semantics="split")
@@ -242,8 +247,14 @@ def test_row_quantized_in_group_tiles(monkeypatch, groups):
 DECODE_PATHS = {  # module constants that force each one-launch position method (name: path-variant)
     "count": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=True),
     "count-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
-    "compare": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=16384),
-    "compare-tiled": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=64),
+    "compare": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=16384,
+                    DECODE_COMPARE_T_MIN_PAIRS=1 << 30),
+    "compare-tiled": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=64,
+                          DECODE_COMPARE_T_MIN_PAIRS=1 << 30),
+    "compare-t": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=16384,
+                      DECODE_COMPARE_T_MIN_PAIRS=0),
+    "compare-t-tiled": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=64,
+                            DECODE_COMPARE_T_MIN_PAIRS=0),
     "sort": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=True),
     "sort-reload": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=0, DECODE_SORT_SELECT=False),
 }
@@ -343,6 +354,27 @@ def test_decode_method_constants(monkeypatch):
     ids, w = routing(3, 16, 896)
     k.moe_sort_mx_quant(ids, w, 896, 64, torch.bfloat16, 32)
     assert [p.sort.kwargs["num_warps"] for p in k._plans.values()] == [2]
+
+
+def test_transposed_comparison_from_its_threshold(monkeypatch):
+    """The comparison takes the [pairs, chunk] tile and its own warps from DECODE_COMPARE_T_MIN_PAIRS padded
+    pairs on; DECODE_NUM_WARPS, when set, still decides; the sort and the count never take the tile."""
+    monkeypatch.setattr(k, "DECODE_COMPARE_MAX_PAIRS", 64)
+    monkeypatch.setattr(k, "DECODE_COMPARE_T_MIN_PAIRS", 64)
+    monkeypatch.setattr(k, "DECODE_COMPARE_T_WARPS", 8)
+    pick = lambda pairs: (lambda p: (p["DECODE"], p["COMPARE_T"], p["warps"]))(k._sort_params(pairs, 1024, 16, False))
+    assert [pick(n) for n in (32, 33, 64, 65)] == [(2, False, 0), (2, True, 8), (2, True, 8), (1, False, 0)]
+    assert k._sort_params(4000, 1024, 16, False)["COMPARE_T"] is False
+    monkeypatch.setattr(k, "DECODE_NUM_WARPS", 2)
+    assert pick(64) == (2, True, 2)
+    monkeypatch.setattr(k, "DECODE_NUM_WARPS", 0)
+    monkeypatch.setattr(k, "DECODE_COMPARE_T_MIN_PAIRS", 1 << 30)
+    assert pick(64) == (2, False, 0)
+    monkeypatch.setattr(k, "_plans", {})
+    monkeypatch.setattr(k, "DECODE_COMPARE_T_MIN_PAIRS", 64)
+    ids, w = routing(4, 16, 896)  # 64 pairs
+    k.moe_sort_mx_quant(ids, w, 896, 64, torch.bfloat16, 32)
+    assert [(p.sort.kwargs["COMPARE_T"], p.sort.kwargs["num_warps"]) for p in k._plans.values()] == [(True, 8)]
 
 
 def test_decode_path_choice(monkeypatch):
