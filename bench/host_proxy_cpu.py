@@ -245,7 +245,7 @@ def breakdown(aiter, fm, E, K, D, M, n=2000, rounds=7) -> str:
         "  the verdict key (both parts)": lambda: (call_key.args_key(gargs, gkw), goz._environment()),
         "  `VERDICTS.get` (the GEMM key)": lambda: goz.VERDICTS.get(gkey),
         "  operand getter": lambda: gget(gargs, gkw),
-        "  `TritonLaunch.launch` (`run_plan`)": lambda: gplan.launch(*gops),
+        "  `run_plan`": lambda: gk.run_plan(kplan, *gops),
         "    workspace `torch.empty`": lambda: torch.empty(kplan.ws_numel, dtype=torch.float32, device=A.device),
         "    `_tile_counters`": lambda: gk._tile_counters(A.device, kplan.counters),
         "    the prepared launch (7 tensors)": gemm_launch_only,
