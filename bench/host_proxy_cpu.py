@@ -209,6 +209,8 @@ def breakdown(aiter, fm, E, K, D, M, n=2000, rounds=7) -> str:
         "  `step.pick(picker)`": lambda: st.pick(verdict_q.picker),
         "  kernel API `moe_sort_mx_quant(checked=True)` (+ quant)": api_quant,
         "    its plan key (as built per call)": api_key,
+        **({"  kernel `run_kept` (a hit's launch of the verdict's plan, + quant)": lambda: k.run_kept(
+            plan, pids, pw, pD, pdt, pmask, pnlt, x, fp4, pbuf, None, True)} if hasattr(k, "run_kept") else {}),
         "      `_tunables()`": k._tunables,
         "    its seven `torch.empty` (+ two `.view`)": lambda: (seven_empty(), q.view(torch.uint8), s.view(torch.uint8)),
         "    `sort_pick` + the prepared launch": lambda: k._run(plan.sort, *plan.sort_pick(tensors17)),
