@@ -14,7 +14,11 @@ its sign and payload, is the one key ``'nan'``, as NaN != NaN would make a dead 
 tells NaNs apart). Anything
 else (a tensor subclass, a list, an object) makes the call unkeyable: its gate runs in full, every
 call. Positional and keyword arguments are keyed as given (names and order), so the binding is the
-same for every call of a key. Never a data pointer or a tensor's contents: a key never syncs the
+same for every call of a key. A call's key is one flat tuple: each positional argument's fields, then
+each keyword's name and fields (a tuple per argument inside a tuple of arguments cost twice as much
+to build and to hash, issue 15). It is exact all the same: an argument's fields start with its type,
+which says how many follow (six for a tensor, two for anything else), and a keyword starts with its
+name, a str, never a type, so two keys are equal only if every argument, in order, is. Never a data pointer or a tensor's contents: a key never syncs the
 device, and it holds no tensor (shapes, dtypes and devices are values), so a verdict made during a
 CUDA-graph capture keeps nothing of it. The caller adds to the key whatever else its gate reads
 (module constants, the grad mode, AITER's module), by identity or value.
@@ -23,6 +27,7 @@ CUDA-graph capture keeps nothing of it. The caller adds to the key whatever else
 from __future__ import annotations
 
 import enum
+import itertools
 import threading
 from typing import Any
 
@@ -50,18 +55,19 @@ def value_key(v) -> tuple:
 
 
 def args_key(args: tuple, kwargs: dict) -> tuple:
-    """The key of a call's arguments as given (raises :class:`Unkeyable`, also under torch.compile's
-    tracing: Dynamo decides per trace, through the gate in full)."""
+    """The key of a call's arguments as given, one flat tuple (see the module's docstring; raises
+    :class:`Unkeyable`, also under torch.compile's tracing: Dynamo decides per trace, through the gate
+    in full)."""
     if _compiling():
         raise Unkeyable("torch.compile tracing")
     types = tuple(map(type, args))
     keyer = _KEYERS.get(types)
     if keyer is None:
         keyer = _keyer(types)
-    head = keyer(args) if keyer is not False else tuple(map(value_key, args))
-    if kwargs:
-        return head, tuple((k, value_key(v)) for k, v in kwargs.items())
-    return head, ()
+    head = keyer(args) if keyer is not False else tuple(itertools.chain.from_iterable(map(value_key, args)))
+    for k, v in kwargs.items():  # a call's few keywords: a concatenation each costs less than a chain
+        head += (k,) + value_key(v)
+    return head
 
 
 _KEYERS: dict[tuple, Any] = {}  # positional types -> straight-line key function (False: value_key per argument)
@@ -69,7 +75,7 @@ MAX_KEYERS = 256  # past it a new pattern takes value_key per argument (no code 
 
 
 def _keyer(types: tuple):
-    """``f(args) -> the same tuple as map(value_key, args)``, generated for these positional types
+    """``f(args) -> the fields of value_key(a) for every a in args, in one tuple``, generated for these positional types
     (plain tensors and value types only: an Enum or anything else takes value_key per argument)."""
     if len(_KEYERS) >= MAX_KEYERS:
         return False
@@ -77,8 +83,8 @@ def _keyer(types: tuple):
         fn = False
     else:
         ns: dict[str, Any] = {f"T{i}": t for i, t in enumerate(types)}
-        items = [f"(T{i}, a[{i}].shape, a[{i}].stride(), a[{i}].dtype, a[{i}].device, a[{i}].requires_grad)"
-                 if t in KEYED_TENSOR_TYPES else f"(T{i}, a[{i}].hex())" if t is float else f"(T{i}, a[{i}])"
+        items = [f"T{i}, a[{i}].shape, a[{i}].stride(), a[{i}].dtype, a[{i}].device, a[{i}].requires_grad"
+                 if t in KEYED_TENSOR_TYPES else f"T{i}, a[{i}].hex()" if t is float else f"T{i}, a[{i}]"
                  for i, t in enumerate(types)]
         exec(f"def key(a):\n    return ({', '.join(items)}{',' if items else ''})\n", ns)  # noqa: S102 - positions only
         fn = ns["key"]

@@ -361,12 +361,19 @@ def run_plan(plan: "_GemmPlan", A, B, out, A_scale, B_scale) -> torch.Tensor:
     if plan.splits > 1:
         if plan.zero_out:
             out.zero_()
-        ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=A.device)
-        cnt = _tile_counters(A.device, plan.counters)
+        dev = A.device
+        ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=dev)
+        cnt = _tile_counters(dev, plan.counters)
     else:
         ws = cnt = out  # unused by the kernel when SPLITS == 1
-    _run(plan.launch, A, B, out, A_scale, B_scale, ws, cnt)
+    if launch is _LAUNCH:  # the prepared launch itself (one call layer less: issue 15)
+        plan.launch(A, B, out, A_scale, B_scale, ws, cnt)
+    else:
+        _run(plan.launch, A, B, out, A_scale, B_scale, ws, cnt)
     return out
+
+
+_LAUNCH = launch  # fast_launch's, as imported: a module whose ``launch`` was replaced (tests) runs through _run
 
 
 def _run(prep: Prepared, *tensors) -> None:

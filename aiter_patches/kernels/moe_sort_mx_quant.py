@@ -733,13 +733,17 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
                       expert_mask=None, num_local_tokens=None,
                       quant_input=None, quant_dtype=None,
                       moe_buf=None, moe_buf_init=None, zero_moe_buf=True,
-                      quant_semantics: str = "auto", checked: bool = False) -> SortQuantResult:
+                      quant_semantics: str = "auto", checked: bool = False, kept: list | None = None
+                      ) -> SortQuantResult:
     """Sort ``topk_ids`` for the MoE GEMMs, fill ``moe_buf`` and MX-quantize ``quant_input``.
 
     Outputs have AITER's sizes and dtypes; the caller must have checked
     :func:`unsupported_reason` (``checked=True``: it just did, with these same arguments, and
     the check is not repeated). ``zero_moe_buf=False`` leaves ``moe_buf`` alone (a given one is
     returned as is, else a ``(0, 0)`` placeholder, as AITER returns when it does not zero).
+    ``kept``: an empty list gets the plan this call used, when the plan cache keeps it (a caller
+    whose own key holds everything the plan key reads, :func:`plan_key_reads`, may then launch its
+    later calls with :func:`run_kept`).
     """
     reason = None if checked else unsupported_reason(
         topk_ids, topk_weights, num_experts, model_dim, block_size, expert_mask, num_local_tokens,
@@ -767,6 +771,45 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
         plan = _make_plan(key)
         if len(_plans) < MAX_PLANS and not torch.compiler.is_compiling():  # Dynamo: a plan per trace
             _plans[key] = plan
+            if kept is not None and not kept:
+                kept.append(plan)
+    elif kept is not None and not kept:
+        kept.append(plan)
+    return _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype if quant else None, expert_mask,
+                   num_local_tokens, moe_buf, init)
+
+
+def plan_key_reads() -> tuple:
+    """What the plan key reads besides the call's arguments: the four kernels by id and :func:`_tunables`
+    (a caller keeping plans under its own key puts these in it, read at every call). By id as in the
+    plan key (a JITFunction hashes its source): a kept plan holds its kernels, so no id it was made
+    under is reused while it is kept."""
+    return (id(_sort_quant_kernel), id(_chunk_rank_kernel), id(_chunk_scan_kernel), id(_scale_tiles_kernel),
+            _tunables())
+
+
+def run_kept(plan: "_SortPlan", topk_ids, topk_weights, model_dim, moebuf_dtype, expert_mask, num_local_tokens,
+             quant_input, quant_dtype, moe_buf, moe_buf_init, zero_moe_buf: bool) -> SortQuantResult:
+    """:func:`moe_sort_mx_quant` (checked, ``quant_semantics="auto"``) with ``plan``, which a call of
+    this same plan key handed back through ``kept``: the caller's key fixes every value the plan key
+    reads (the arguments' sizes, strides, devices and flags, and :func:`plan_key_reads`), so the plan
+    key is not built again (issue 15: one key per sort hit)."""
+    M, K = topk_ids.shape
+    dev = topk_ids.device
+    if moe_buf is None:
+        moe_buf = (_empty(M, model_dim, dtype=moebuf_dtype, device=dev) if zero_moe_buf
+                   else _empty(0, 0, dtype=moebuf_dtype, device=dev))
+    init = moe_buf_init if moe_buf_init is not None else moe_buf
+    x = quant_input if quant_input is not None else topk_weights
+    return _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype, expert_mask, num_local_tokens,
+                   moe_buf, init)
+
+
+def _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype, expert_mask, num_local_tokens, moe_buf,
+            init) -> SortQuantResult:
+    """The allocations and launches of ``plan`` (``quant_dtype`` None: no quant; ``x``: the quant's
+    input, else ``topk_weights``)."""
+    quant = quant_dtype is not None
     sorted_ids = _empty(plan.n_sorted, dtype=torch.int32, device=dev)
     sorted_weights = _empty(plan.n_sorted, dtype=torch.float32, device=dev)
     sorted_expert_ids = _empty(plan.n_blocks, dtype=torch.int32, device=dev)

@@ -50,10 +50,6 @@ class TritonLaunch(NamedTuple):
 
     plan: Any
 
-    def launch(self, A, B, out, A_scale, B_scale) -> None:
-        if self.plan is not None:  # A_scale as passed: the plan has the strides AITER's asm reads it with
-            _kernel().run_plan(self.plan, A, B, out, A_scale, B_scale)
-
 
 _KERNEL: list = []  # the kernel module, imported once (an import statement per call costs ~1 µs)
 
@@ -79,15 +75,16 @@ VERDICTS = call_key.Verdicts(NAME)
 _OPERANDS = ("A", "B", "out", "A_scale", "B_scale")
 
 
-def _environment() -> tuple:
+def _environment(aiter=None) -> tuple:
     """What the stand-in's gate reads besides the arguments: AITER's modules and launcher rule, the
-    backend check, the kernel module's limits and kernels (objects, kept alive by the key)."""
+    backend check, the kernel module's limits and kernels (objects, kept alive by the key), in one
+    flat tuple (``aiter``: ``sys.modules.get("aiter")``, as the caller read it)."""
     k = _KERNEL[0] if _KERNEL else _kernel()
-    gemm_op = sys.modules.get("aiter.ops.gemm_op_a8w8")
-    aiter = sys.modules.get("aiter")
-    return (aiter, getattr(gemm_op, "launcher_split", None), runtime.triton_backend_reason,
-            os.environ.get("TRITON_INTERPRET"), torch.is_grad_enabled(), k.MAX_WORKSPACE_BYTES, k.MAX_SPLITS,
-            k.block_config, k._blockscale_gemm_kernel, k.unsupported_reason)
+    if aiter is None:
+        aiter = sys.modules.get("aiter")
+    return (aiter, getattr(sys.modules.get("aiter.ops.gemm_op_a8w8"), "launcher_split", None),
+            runtime.triton_backend_reason, os.environ.get("TRITON_INTERPRET"), torch.is_grad_enabled(),
+            k.MAX_WORKSPACE_BYTES, k.MAX_SPLITS, k.block_config, k._blockscale_gemm_kernel, k.unsupported_reason)
 
 
 def _operand_getter(binder, args: tuple, kwargs: dict):
@@ -106,16 +103,18 @@ def _wrapper(inner, site):
     binder = site.binder
     counters = site.counters
     verdicts = VERDICTS
+    args_key, Unkeyable = call_key.args_key, call_key.Unkeyable
     verdicts.clear()  # built at apply (and at a revert that rebuilds the chain): decide afresh
 
     def gemm_a8w8_blockscale_bpreshuffle_asm(*args, out_zeroed=False, **kwargs):
         if not out_zeroed:
             return inner(*args, **kwargs)
         key = None
-        if _stand_in(sys.modules.get("aiter")):  # real AITER's .co branch is decided every call: no key to make
+        aiter = sys.modules.get("aiter")
+        if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False):  # real AITER's .co branch: decided every call
             try:
-                key = (call_key.args_key(args, kwargs), _environment())
-            except call_key.Unkeyable:
+                key = (args_key(args, kwargs), _environment(aiter))
+            except Unkeyable:
                 pass
         got = verdicts.get(key) if key is not None else None
         if got is None:
@@ -125,12 +124,14 @@ def _wrapper(inner, site):
         else:
             plan, get = got
             operands = get(args, kwargs) if get is not None else None
-        if isinstance(plan, HandBack):
+        kind = type(plan)
+        if kind is HandBack:
             counters.fallback(plan.reason)
             return inner(*args, **kwargs)
         try:
-            if isinstance(plan, TritonLaunch):
-                plan.launch(*operands)
+            if kind is TritonLaunch:
+                if plan.plan is not None:  # A_scale as passed: the plan has the strides AITER's asm reads it with
+                    (_KERNEL[0] if _KERNEL else _kernel()).run_plan(plan.plan, *operands)
             else:
                 plan.run()
         except Exception as exc:

@@ -256,12 +256,17 @@ class SortMxQuant(moe_pipeline.Feature):
         ids, weights, experts, dim, buf_dtype, block, mask, nlt, moe_buf = step.pick(verdict.picker)
         quant_input, quant_dtype = (call.hidden_states, call.quant_dtype) if verdict.quant else (None, None)
         init = step.addend_offer if verdict.init else None
+        kernel, kept = _KERNEL[0], verdict.plan
         try:
-            res = _kernel().moe_sort_mx_quant(
-                ids, weights, experts, dim, buf_dtype, block, zero_moe_buf=verdict.zeroes, checked=True,
-                expert_mask=mask, num_local_tokens=nlt, quant_input=quant_input, quant_dtype=quant_dtype,
-                moe_buf=moe_buf, moe_buf_init=init,
-            )
+            if kept:  # the kernel plan this verdict's first launch used: its key holds all the plan key reads
+                res = kernel.run_kept(kept[0], ids, weights, dim, buf_dtype, mask, nlt, quant_input, quant_dtype,
+                                      moe_buf, init, verdict.zeroes)
+            else:
+                res = kernel.moe_sort_mx_quant(
+                    ids, weights, experts, dim, buf_dtype, block, zero_moe_buf=verdict.zeroes, checked=True,
+                    expert_mask=mask, num_local_tokens=nlt, quant_input=quant_input, quant_dtype=quant_dtype,
+                    moe_buf=moe_buf, moe_buf_init=init, kept=kept,
+                )
         except Exception as exc:  # a compile or launch failure: AITER does the work
             counters.failed(exc, "moe_sort_mx_quant kernel")
             return
@@ -289,6 +294,7 @@ class SortVerdict(NamedTuple):
     zeroes: bool = True
     picker: Any = None
     keep: bool = True  # False: decided per call (AITER could not answer this time)
+    plan: list | None = None  # a launching verdict's kernel plan, once its first launch made it (kernel's ``kept``)
 
 
 # the sort's arguments the launch takes, in moe_sort_mx_quant's order (then expert_mask, num_local_tokens, output)
@@ -301,7 +307,12 @@ VERDICTS = call_key.Verdicts(NAME)
 
 
 def _verdict_key(step, call):
-    """Everything :func:`_decide` reads, or None (an unkeyable argument, or torch.compile tracing)."""
+    """Everything :func:`_decide` reads, or None (an unkeyable argument, or torch.compile tracing).
+
+    It also holds everything the kernel API's plan key reads (the arguments' sizes, strides, devices
+    and flags are in the arguments', the activations' and the addend's keys; the verdict fixes the
+    quant, the init and the zero-fill; the rest is ``plan_key_reads()``), so a launching verdict keeps
+    the kernel plan its first launch used and a hit launches it without a second key (issue 15)."""
     kernel = _KERNEL[0] if _KERNEL else _kernel()
     try:
         args = step.arguments_key()
@@ -314,7 +325,8 @@ def _verdict_key(step, call):
                 python_level_reason, sort_only_reason, aiter_sort_launches,
                 getattr(sys.modules.get("aiter"), "moe_sorting_opus_get_workspace_size", None),
                 kernel.unsupported_reason, kernel.launch_count, kernel.MAX_TOPK, kernel.MAX_EXPERTS,
-                kernel.MAX_MODEL_DIM, kernel.ONE_LAUNCH_MAX_PAIRS, kernel.INT32_LIMIT)
+                kernel.MAX_MODEL_DIM, kernel.ONE_LAUNCH_MAX_PAIRS, kernel.INT32_LIMIT, kernel.run_kept,
+                kernel.plan_key_reads())  # the kept kernel plan's own key reads (tunables, kernels)
     except call_key.Unkeyable:
         return None
 
@@ -350,7 +362,7 @@ def _decide(step, call) -> SortVerdict:
         if reason is not None:
             return SortVerdict((*reasons, reason), False, keep=reason != WORKSPACE_UNKNOWN)
     return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None,
-                       _zeroes(bound), step.picker(_LAUNCH_ARGS))
+                       _zeroes(bound), step.picker(_LAUNCH_ARGS), plan=[])
 
 
 FEATURE = moe_pipeline.feature(SortMxQuant())

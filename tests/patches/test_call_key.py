@@ -12,13 +12,35 @@ class Mode(enum.Enum):
     A = 1
 
 
+def flat(args, kwargs=None):
+    """The key args_key must give: each argument's value_key fields, then each keyword's name and fields."""
+    out = [f for a in args for f in call_key.value_key(a)]
+    for k, v in (kwargs or {}).items():
+        out += [k, *call_key.value_key(v)]
+    return tuple(out)
+
+
 def test_the_generated_keyer_gives_value_key_per_argument():
     t = torch.zeros(3, 4)
     p = torch.nn.Parameter(torch.zeros(2))
     args = (t, p, None, True, 1, 2.0, "s", torch.bfloat16, torch.device("cpu"))
-    assert call_key.args_key(args, {}) == (tuple(map(call_key.value_key, args)), ())
+    assert call_key.args_key(args, {}) == flat(args)
     assert call_key.args_key(args, {}) == call_key.args_key(args, {})  # the kept keyer
-    assert call_key.args_key((Mode.A, t), {}) == ((call_key.value_key(Mode.A), call_key.value_key(t)), ())
+    assert call_key.args_key((Mode.A, t), {"k": t}) == flat((Mode.A, t), {"k": t})  # value_key per argument
+
+
+def test_the_flat_key_keeps_every_argument_apart():
+    """One flat tuple per call (issue 15): an argument's fields start with its type, a keyword with its
+    name, so neither a value that looks like a tensor's field nor a str that looks like a keyword meets
+    another call's key."""
+    t = torch.zeros(3, 4)
+    assert call_key.args_key((t, "x", 1), {}) != call_key.args_key((t,), {"x": 1})
+    assert call_key.args_key((t, 1), {}) != call_key.args_key((t,), {"int": 1})
+    assert call_key.args_key((1, 2), {}) != call_key.args_key((1,), {"a": 2})
+    assert call_key.args_key((None, t), {}) != call_key.args_key((t, None), {})
+    assert call_key.args_key((t, t), {}) != call_key.args_key((t,), {})
+    key = call_key.args_key((t, 2, t), {"k": 1.5})
+    assert all(not isinstance(x, tuple) or type(x) is not tuple or x == t.stride() for x in key)  # flat
 
 
 @pytest.mark.parametrize("other", [
@@ -74,7 +96,7 @@ def test_a_nan_float_hits_its_kept_verdict_and_signed_zeros_do_not_meet():
     assert len(verdicts) == 2
     assert call_key.args_key((0.0,), {}) != call_key.args_key((-0.0,), {})
     assert call_key.value_key(-0.0) != call_key.value_key(0.0)
-    assert call_key.args_key((1.5,), {}) == ((call_key.value_key(1.5),), ())
+    assert call_key.args_key((1.5,), {}) == flat((1.5,))
 
 
 def test_past_the_keyer_limit_no_code_is_generated(monkeypatch):
@@ -82,5 +104,5 @@ def test_past_the_keyer_limit_no_code_is_generated(monkeypatch):
     monkeypatch.setattr(call_key, "exec", lambda *a: pytest.fail("code generated past the limit"), raising=False)
     t = torch.zeros(2)
     assert call_key._keyer((torch.Tensor, int)) is False
-    assert call_key.args_key((t, 3), {}) == ((call_key.value_key(t), call_key.value_key(3)), ())
+    assert call_key.args_key((t, 3), {}) == flat((t, 3))
     assert len(call_key._KEYERS) == call_key.MAX_KEYERS

@@ -229,3 +229,89 @@ def test_a_failed_workspace_query_is_asked_again_next_call(stub, device, decided
     assert stats()["fast"] == 0 and list(stats()["fallback"]) == [msq.WORKSPACE_UNKNOWN]
     impl(a)
     assert stats()["fast"] == 1 and len(msq.VERDICTS) == 1
+
+
+class CountingPlans(dict):
+    """The kernel API's plan cache, counting its lookups (a lookup is a plan key built and hashed)."""
+
+    lookups = 0
+
+    def get(self, key, default=None):
+        CountingPlans.lookups += 1
+        return super().get(key, default)
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    monkeypatch.setattr(k, "_plans", CountingPlans())
+    CountingPlans.lookups = 0
+    made = []
+    real = k._make_plan
+    monkeypatch.setattr(k, "_make_plan", lambda key: made.append(key) or real(key))
+    return made
+
+
+def poisoned_empty(*size, **kw):
+    t = torch.empty(*size, **kw)
+    t.view(torch.uint8).fill_(0x7F)  # every output byte the launch leaves unwritten reads as garbage
+    return t
+
+
+@pytest.mark.parametrize("quant", [False, True])
+def test_a_hit_launches_the_verdicts_kept_plan_without_a_second_key(stub, device, decided, plans, monkeypatch, quant):
+    """One key per sort hit (issue 15): the verdict keeps the kernel plan of its first launch; a hit
+    builds no plan key and launches that plan, with the same bits into poisoned outputs."""
+    a = sort_args(device)
+    x = torch.randn(5, DIM).to(torch.bfloat16).to(device)
+
+    def sort():
+        call = moe_call.MoeCall(hidden_states=x, quant_dtype=torch.float4_e2m1fn_x2) if quant else None
+        if call is None:
+            return impl(a), None
+        with moe_call.scope(call):
+            return impl(a), call.stage1_quant
+
+    monkeypatch.setattr(k, "_empty", poisoned_empty)
+    first, q0 = sort()  # the API in full (its plan key built once)
+    assert CountingPlans.lookups == 1 and len(plans) == 1
+    for _ in range(2):
+        got, q = sort()
+        for g, f in zip(got, first):  # every byte, the undefined ones poisoned alike
+            assert torch.equal(g.view(torch.uint8), f.view(torch.uint8))
+        if quant:
+            assert torch.equal(q.data.view(torch.uint8), q0.data.view(torch.uint8))
+            assert torch.equal(q.scale.view(torch.uint8), q0.scale.view(torch.uint8))
+    assert decided == [1] and stats()["fast"] == 3
+    assert CountingPlans.lookups == 1 and len(plans) == 1, "a hit built the plan key again"
+    with suspended():
+        assert_same_sort_and_zeroed_buf(impl(a), first, BLOCK)  # and that is AITER's sort
+
+
+@pytest.mark.parametrize("name, value", [("DECODE_MAX_PAIRS", 0), ("ROW_SPLIT_PROGRAMS", 1), ("TILE", 64)])
+def test_a_changed_tunable_gives_a_new_verdict_and_a_new_plan(stub, device, decided, plans, monkeypatch, name, value):
+    """The verdict key holds the module constants the plan is derived from: a benchmark or test that
+    changes one gets a plan made with it at the next call, never the kept one."""
+    a = sort_args(device)
+    with suspended():  # AITER's sort (suspending re-applies: done first, as it drops the verdicts)
+        expected = impl(a)
+    impl(a)
+    impl(a)
+    assert decided == [1] and len(plans) == 1
+    monkeypatch.setattr(k, name, value)
+    got = impl(a)
+    assert_same_sort_and_zeroed_buf(expected, got, BLOCK)
+    assert decided == [1, 1] and len(plans) == 2 and plans[0] != plans[1]
+    assert value in plans[1][-1] and plans[1][-1] == k._tunables()
+    impl(a)
+    assert decided == [1, 1] and len(plans) == 2
+
+
+def test_a_plan_the_api_does_not_keep_is_not_kept_by_the_verdict(stub, device, decided, plans, monkeypatch):
+    """Past the plan cache's limit (or under torch.compile) the API makes a plan per call; a verdict
+    then keeps none either and every hit goes through the API (the plan key built each time)."""
+    monkeypatch.setattr(k, "MAX_PLANS", 0)
+    a = sort_args(device)
+    for _ in range(3):
+        impl(a)
+    assert decided == [1] and stats()["fast"] == 3
+    assert CountingPlans.lookups == 3 and len(plans) == 3
