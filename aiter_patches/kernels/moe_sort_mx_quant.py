@@ -123,9 +123,9 @@ ROW_SPLIT_PROGRAMS = 128  # small batches split each row over programs until abo
 MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_quant.py tunes these)
 # A program's share of a row up to QUANT_ONE_STEP_GROUPS groups is quantized in one step, its load
 # issued first and (DEFER_QUANT_MATH) its math after the routing, so the load's latency hides under the
-# routing math; wider shares go QUANT_GROUPS at a time after it. H200, same run: 0.1-0.4 µs off every
-# decode row (docs/bench/moe_sort_quant_defer_h200.md); 128-group loop steps were slower (one step
-# of 256 groups: not measured)
+# routing math; wider shares go QUANT_GROUPS at a time after it. H200, same run: 0.1-0.6 µs off every
+# row at 1-64 tokens (docs/bench/moe_sort_quant_h200.md, `prev-quant`); 128-group loop steps were slower
+# (docs/bench/moe_sort_quant_defer_h200.md; one step of 256 groups: not measured)
 DEFER_QUANT_MATH = True
 QUANT_ONE_STEP_GROUPS = 128
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
