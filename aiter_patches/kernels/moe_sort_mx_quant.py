@@ -779,6 +779,9 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
                    num_local_tokens, moe_buf, init)
 
 
+API = moe_sort_mx_quant  # this module's own API: a caller keeping its plans launches them only while it is in place
+
+
 def plan_key_reads() -> tuple:
     """What the plan key reads besides the call's arguments: the four kernels by id and :func:`_tunables`
     (a caller keeping plans under its own key puts these in it, read at every call). By id as in the

@@ -257,12 +257,15 @@ class SortMxQuant(moe_pipeline.Feature):
         quant_input, quant_dtype = (call.hidden_states, call.quant_dtype) if verdict.quant else (None, None)
         init = step.addend_offer if verdict.init else None
         kernel, kept = _KERNEL[0], verdict.plan
+        api = kernel.moe_sort_mx_quant
+        if api is not kernel.API:  # the API replaced (a wrapper, an injected failure): it takes every call
+            kept = None
         try:
             if kept:  # the kernel plan this verdict's first launch used: its key holds all the plan key reads
                 res = kernel.run_kept(kept[0], ids, weights, dim, buf_dtype, mask, nlt, quant_input, quant_dtype,
                                       moe_buf, init, verdict.zeroes)
             else:
-                res = kernel.moe_sort_mx_quant(
+                res = api(
                     ids, weights, experts, dim, buf_dtype, block, zero_moe_buf=verdict.zeroes, checked=True,
                     expert_mask=mask, num_local_tokens=nlt, quant_input=quant_input, quant_dtype=quant_dtype,
                     moe_buf=moe_buf, moe_buf_init=init, kept=kept,

@@ -244,6 +244,23 @@ def test_row_quantized_in_group_tiles(monkeypatch, groups, one_step, defer):
     run(23, 4, 8, 16, N=224, qd=FP4, semantics="fused", nlt=torch.tensor([21], dtype=torch.int32, device=DEV))
 
 
+@pytest.mark.parametrize("defer", [True, False])
+@pytest.mark.parametrize("N,split,g_tile", [(3200, 2, 64), (4128, 2, 128), (4128, 4, 64)])
+def test_one_step_shares_over_column_slices(monkeypatch, defer, N, split, g_tile):
+    """One-step shares of 64-128 groups (the default path of 16-64 token decode at 7168 columns) over
+    column slices: a partial last slice (100 groups in two 64-group shares; 129 groups: one group in
+    the second 128-group share) and slices wholly past the row (129 groups in four 64-group shares),
+    with the math before or after the routing."""
+    monkeypatch.setattr(k, "ROW_SPLIT_PROGRAMS", 1)
+    monkeypatch.setattr(k, "MIN_ROW_SPLIT", split)
+    monkeypatch.setattr(k, "DEFER_QUANT_MATH", defer)
+    p = k._batch_params(3, 4, 16, 4, k._next_pow2(N // 32), True, 96)
+    assert (p["split"], p["G_TILE"], p["QG"]) == (split, g_tile, g_tile)
+    run(3, 4, 16, 16, N=N, qd=FP4, xkind="special")
+    run(3, 4, 16, 32, N=N, qd=FP8, semantics="fused", nlt=torch.tensor([2], dtype=torch.int32, device=DEV))
+    run(3, 4, 16, 16, N=N, qd=FP8NUZ, semantics="split", nlt=torch.tensor([9], dtype=torch.int32, device=DEV))
+
+
 DECODE_PATHS = {  # module constants that force each one-launch position method (name: path-variant)
     "count": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=True),
     "count-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),

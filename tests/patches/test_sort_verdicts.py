@@ -301,9 +301,33 @@ def test_a_changed_tunable_gives_a_new_verdict_and_a_new_plan(stub, device, deci
     got = impl(a)
     assert_same_sort_and_zeroed_buf(expected, got, BLOCK)
     assert decided == [1, 1] and len(plans) == 2 and plans[0] != plans[1]
-    assert value in plans[1][-1] and plans[1][-1] == k._tunables()
+    assert plans[1][-1] == k._tunables() and plans[0][-1] != plans[1][-1]
     impl(a)
     assert decided == [1, 1] and len(plans) == 2
+
+
+def test_a_replaced_kernel_api_takes_every_call_even_with_a_kept_plan(stub, device, decided, plans, monkeypatch):
+    """A kept plan skips the kernel API only while the API is the module's own: a wrapper or an
+    injected failure put in place after the plan was kept gets every call, with the same bits."""
+    a = sort_args(device)
+    with suspended():
+        expected = impl(a)
+    impl(a)
+    impl(a)  # a hit through the kept plan
+    assert len(plans) == 1
+    seen, real = [], k.moe_sort_mx_quant
+    monkeypatch.setattr(k, "moe_sort_mx_quant", lambda *args, **kw: seen.append(kw.get("kept")) or real(*args, **kw))
+    for _ in range(2):
+        assert_same_sort_and_zeroed_buf(expected, impl(a), BLOCK)
+    assert seen == [None, None], "a kept plan bypassed the replaced API, or the wrapper was handed one to keep"
+    monkeypatch.setattr(k, "moe_sort_mx_quant", lambda *args, **kw: (_ for _ in ()).throw(RuntimeError("injected")))
+    assert_same_sort_and_zeroed_buf(expected, impl(a), BLOCK)  # AITER did the work
+    assert sum(stats()["errors"].values()) == 1
+    monkeypatch.setattr(k, "moe_sort_mx_quant", real)
+    lookups = CountingPlans.lookups
+    impl(a)
+    assert seen == [None, None] and CountingPlans.lookups == lookups, "the restored API's kept plan was not used"
+    assert decided == [1]
 
 
 def test_a_plan_the_api_does_not_keep_is_not_kept_by_the_verdict(stub, device, decided, plans, monkeypatch):
