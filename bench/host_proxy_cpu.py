@@ -236,7 +236,7 @@ def breakdown(aiter, fm, E, K, D, M, n=2000, rounds=7) -> str:
     A = gargs[0]
 
     def gemm_launch_only():
-        gk._run(kplan.launch, *gops, gops[2], gops[2])
+        gk.run_prepared(kplan.launch, gk.launch, (*gops, gops[2], gops[2]))
 
     gemm_pieces = {
         "gemm out_zeroed=True, whole call": gemm_patched,

@@ -366,18 +366,8 @@ def run_plan(plan: "_GemmPlan", A, B, out, A_scale, B_scale) -> torch.Tensor:
         cnt = _tile_counters(dev, plan.counters)
     else:
         ws = cnt = out  # unused by the kernel when SPLITS == 1
-    if launch is _LAUNCH:  # the prepared launch itself (one call layer less: issue 15)
-        plan.launch(A, B, out, A_scale, B_scale, ws, cnt)
-    else:
-        _run(plan.launch, A, B, out, A_scale, B_scale, ws, cnt)
+    run_prepared(plan.launch, launch, (A, B, out, A_scale, B_scale, ws, cnt))
     return out
-
-
-_LAUNCH = launch  # fast_launch's, as imported: a module whose ``launch`` was replaced (tests) runs through _run
-
-
-def _run(prep: Prepared, *tensors) -> None:
-    run_prepared(prep, launch, tensors)
 
 
 def _make_plan(key: tuple) -> _GemmPlan:

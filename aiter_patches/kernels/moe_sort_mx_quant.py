@@ -755,38 +755,45 @@ def moe_sort_mx_quant(topk_ids, topk_weights, num_experts, model_dim, moebuf_dty
     M, K = topk_ids.shape
     dev = topk_ids.device
     zero_moe_buf = bool(zero_moe_buf)
-    if moe_buf is None:  # AITER's [M, model_dim] buffer, or its (0, 0) placeholder when it does not zero
-        moe_buf = (_empty(M, model_dim, dtype=moebuf_dtype, device=dev) if zero_moe_buf
-                   else _empty(0, 0, dtype=moebuf_dtype, device=dev))
-    init = moe_buf_init if moe_buf_init is not None else moe_buf
+    moe_buf, init, x = _buffers(M, dev, model_dim, moebuf_dtype, topk_weights, quant_input, moe_buf, moe_buf_init,
+                                zero_moe_buf)
     quant = quant_input is not None
-    x = quant_input if quant else topk_weights
     key = (M, K, num_experts, model_dim, block_size, dev, expert_mask is not None, num_local_tokens is not None,
            quant, quant_dtype if quant else None, quant_input.shape[1] if quant else 0, x.stride(0),
-           moe_buf_init is not None, init.stride(0) if init.dim() == 2 else 0, zero_moe_buf, quant_semantics,
-           id(_sort_quant_kernel), id(_chunk_rank_kernel), id(_chunk_scan_kernel), id(_scale_tiles_kernel),
-           _tunables())  # kernels by id (a JITFunction's hash is Python code): the plan keeps them alive
+           moe_buf_init is not None, init.stride(0) if init.dim() == 2 else 0, zero_moe_buf,
+           quant_semantics) + plan_key_reads()
     plan = _plans.get(key)
     if plan is None:
         plan = _make_plan(key)
         if len(_plans) < MAX_PLANS and not torch.compiler.is_compiling():  # Dynamo: a plan per trace
             _plans[key] = plan
-            if kept is not None and not kept:
-                kept.append(plan)
-    elif kept is not None and not kept:
+        else:
+            kept = None  # a plan the cache does not keep is not handed out to be kept either
+    if kept is not None and not kept:
         kept.append(plan)
     return _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype if quant else None, expert_mask,
                    num_local_tokens, moe_buf, init)
+
+
+def _buffers(M, dev, model_dim, moebuf_dtype, topk_weights, quant_input, moe_buf, moe_buf_init, zero_moe_buf):
+    """``(moe_buf, init, x)`` as the launch takes them: AITER's ``[M, model_dim]`` buffer when none is
+    given (its ``(0, 0)`` placeholder when it does not zero), the init rows (``moe_buf`` itself when
+    none), the quant's input (``topk_weights`` when none: a placeholder the kernel does not read)."""
+    if moe_buf is None:
+        moe_buf = (_empty(M, model_dim, dtype=moebuf_dtype, device=dev) if zero_moe_buf
+                   else _empty(0, 0, dtype=moebuf_dtype, device=dev))
+    return (moe_buf, moe_buf_init if moe_buf_init is not None else moe_buf,
+            quant_input if quant_input is not None else topk_weights)
 
 
 API = moe_sort_mx_quant  # this module's own API: a caller keeping its plans launches them only while it is in place
 
 
 def plan_key_reads() -> tuple:
-    """What the plan key reads besides the call's arguments: the four kernels by id and :func:`_tunables`
-    (a caller keeping plans under its own key puts these in it, read at every call). By id as in the
-    plan key (a JITFunction hashes its source): a kept plan holds its kernels, so no id it was made
-    under is reused while it is kept."""
+    """What the plan key reads besides the call's arguments (its tail): the four kernels by id and
+    :func:`_tunables` (a caller keeping plans under its own key puts these in it, read at every call).
+    By id, as a JITFunction hashes its source: a plan holds its kernels, so no id it was made under is
+    reused while it is kept."""
     return (id(_sort_quant_kernel), id(_chunk_rank_kernel), id(_chunk_scan_kernel), id(_scale_tiles_kernel),
             _tunables())
 
@@ -799,11 +806,8 @@ def run_kept(plan: "_SortPlan", topk_ids, topk_weights, model_dim, moebuf_dtype,
     key is not built again (issue 15: one key per sort hit)."""
     M, K = topk_ids.shape
     dev = topk_ids.device
-    if moe_buf is None:
-        moe_buf = (_empty(M, model_dim, dtype=moebuf_dtype, device=dev) if zero_moe_buf
-                   else _empty(0, 0, dtype=moebuf_dtype, device=dev))
-    init = moe_buf_init if moe_buf_init is not None else moe_buf
-    x = quant_input if quant_input is not None else topk_weights
+    moe_buf, init, x = _buffers(M, dev, model_dim, moebuf_dtype, topk_weights, quant_input, moe_buf, moe_buf_init,
+                                zero_moe_buf)
     return _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype, expert_mask, num_local_tokens,
                    moe_buf, init)
 
