@@ -61,6 +61,8 @@ def _parse():
     p.add_argument("--models", default="0,1,2,3", help="which of MODELS, comma separated indices")
     p.add_argument("--calls", type=int, default=20, help="calls between device syncs")
     p.add_argument("--reps", type=int, default=40, help="sync-separated groups of calls per measurement")
+    p.add_argument("--rounds", type=int, default=8,
+                   help="alternations of patched and floor measurements per shape (the groups split among them)")
     p.add_argument("--fake-launch", action="store_true", help="CPU: fake Triton driver, no compile, no launch")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and counts (CI; the interpreter on CPU)")
     p.add_argument("--warm-cache", action="store_true", help="keep Triton's on-disk cache (first calls then skip compiling)")
@@ -100,6 +102,11 @@ class Clock:
 
     def host_us(self, fn) -> float:
         """Median CPU µs of one ``fn()``; a device sync after every ``calls`` calls, outside the timing."""
+        return statistics.median(self.samples(fn, self.reps)) / 1e3
+
+    def samples(self, fn, groups: int) -> list[int]:
+        """CPU ns of each of ``groups * calls`` calls of ``fn()`` (after the warm-up calls), a device sync
+        after every ``calls`` calls, outside the timing."""
         for _ in range(self.warmup):
             fn()
         self.sync()
@@ -107,7 +114,7 @@ class Clock:
         gc_was = gc.isenabled()
         gc.disable()
         try:
-            for _ in range(self.reps):
+            for _ in range(groups):
                 for _ in range(self.calls):
                     t0 = time.perf_counter_ns()
                     fn()
@@ -116,7 +123,7 @@ class Clock:
         finally:
             if gc_was:
                 gc.enable()
-        return statistics.median(times) / 1e3
+        return times
 
     def first_ms(self, fn) -> float:
         self.sync()
@@ -282,6 +289,7 @@ def run(args) -> str:
     models = SMOKE_MODELS if args.smoke else [MODELS[int(i)] for i in args.models.split(",")]
     tokens = [2] if args.smoke else [int(t) for t in args.tokens.split(",")]
     calls, reps = (1, 1) if args.smoke else (args.calls, args.reps)
+    rounds = 2 if args.smoke else args.rounds
     clock = Clock(device, calls, reps, warmup=0 if args.smoke else 3)
     fake = contextlib.nullcontext()
     if args.fake_launch:
@@ -313,20 +321,34 @@ def run(args) -> str:
                     for name, (patched, _) in calls_.items():
                         v0 = _variants()
                         firsts[name] = (clock.first_ms(patched), _variants() - v0)
-                    fast_launch.set_mode("on")
-                    fast = {n: clock.host_us(p) for n, (p, _) in calls_.items()}
-                    fast_launch.set_mode("off")
-                    slow = {n: clock.host_us(p) for n, (p, _) in calls_.items()}
-                    fast_launch.set_mode(None)
-                    stats = aiter_patches.stats()
-                    aiter_patches.revert()
-                    floor = {n: clock.host_us(f) for n, (_, f) in calls_.items()}
+                    fast, slow, floor = ({n: [] for n in calls_} for _ in range(3))
+                    groups = max(-(-reps // rounds), 1)
+                    for r in range(rounds):  # patched and floor alternate: the host's drift hits both alike
+                        if r:
+                            aiter_patches.apply()
+                        fast_launch.set_mode("on")
+                        for n, (p, _) in calls_.items():
+                            fast[n].append(clock.samples(p, groups))
+                        fast_launch.set_mode("off")
+                        for n, (p, _) in calls_.items():
+                            slow[n].append(clock.samples(p, groups))
+                        fast_launch.set_mode(None)
+                        stats = aiter_patches.stats()
+                        aiter_patches.revert()
+                        for n, (_, f) in calls_.items():
+                            floor[n].append(clock.samples(f, groups))
                 for name in calls_:
-                    rows.append((name, f"({E},{K},{D})", M, fast[name], slow[name], floor[name], *firsts[name]))
+                    per_round = [statistics.median(a) / statistics.median(b) for a, b in zip(fast[name], floor[name])]
+                    rows.append((name, f"({E},{K},{D})", M, _median_us(fast[name]), _median_us(slow[name]),
+                                 _median_us(floor[name]), min(per_round), max(per_round), *firsts[name]))
                 if args.smoke:
                     assert stats["moe_sort_mx_quant"]["fast"] > 0, stats
     elapsed = time.perf_counter() - t_start
     return _table(rows, device, empty_ordinary, empty_direct, args, elapsed)
+
+
+def _median_us(rounds: list[list[int]]) -> float:
+    return statistics.median([t for r in rounds for t in r]) / 1e3
 
 
 def _table(rows, device, empty_ordinary, empty_direct, args, elapsed) -> str:
@@ -335,19 +357,21 @@ def _table(rows, device, empty_ordinary, empty_direct, args, elapsed) -> str:
     cmd = "python bench/bench_host_overhead.py " + " ".join(sys.argv[1:])
     lines = [
         f"Host µs to issue one call (median; eager; a device sync every {args.calls if not args.smoke else 1} "
-        f"calls). Device: {where}; torch {torch.__version__}, triton {triton.__version__}, "
+        f"calls; patched and floor measured in {2 if args.smoke else args.rounds} alternating rounds, the last "
+        f"column the lowest and highest of the rounds' patched / floor ratios). Device: {where}; torch {torch.__version__}, triton {triton.__version__}, "
         f"Python {sys.version.split()[0]}. Direct launches: {fast_launch.available()}.",
         "",
         f"Empty Triton launch: {empty_ordinary:.1f} µs ordinary, {empty_direct:.1f} µs direct.",
         "",
         "| entry | model (E, topk, dim) | tokens | patched µs | patched, Triton launch µs | AITER-equivalent "
-        "floor µs | patched / floor | first call ms (variants compiled) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "floor µs | patched / floor | first call ms (variants compiled) | patched / floor per round |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, model, M, fast, slow, floor, first, nvar in rows:
+    for name, model, M, fast, slow, floor, lo, hi, first, nvar in rows:
         floor_name = "original call" if name.startswith("gemm") else "floor"
         lines.append(f"| {name} | {model} | {M} | {fast:.1f} | {slow:.1f} | {floor:.1f}"
-                     f"{'' if floor_name == 'floor' else ' (original)'} | {fast / floor:.2f} | {first:.0f} ({nvar}) |")
+                     f"{'' if floor_name == 'floor' else ' (original)'} | {fast / floor:.2f} | {first:.0f} ({nvar}) "
+                     f"| {lo:.2f}-{hi:.2f} |")
     lines += ["", f"Command: `{cmd}` ({elapsed:.0f} s)."]
     return "\n".join(lines) + "\n"
 

@@ -30,4 +30,16 @@ def test_smoke_writes_the_whole_table(tmp_path, mode):
     table = out.read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [r.split(" | ")[0][2:] for r in rows] == list(ENTRIES)
+    assert "2 alternating rounds" in table and all(r.count(" | ") == 8 for r in rows)  # the per-round ratios
     assert "Empty Triton launch:" in table and "Command: `python bench/bench_host_overhead.py --smoke" in table
+
+
+def test_host_primitives_writes_its_table(tmp_path):
+    out = tmp_path / "prim.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_primitives.py"), "--calls", "1", "--reps", "1",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = out.read_text()
+    for op in ("`torch.empty(n, dtype, device)`", "`t.view(dtype)`", "empty Triton launch, prepared"):
+        assert f"| {op}" in table
