@@ -253,7 +253,7 @@ def _stream_key(device: torch.device) -> tuple[int, int]:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _tile_counters(device: torch.device, n: int, key: "tuple[int, int] | None" = None) -> torch.Tensor:
+def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 arrival counters, one per output tile, kept zero by the kernel itself.
 
     One buffer per (device, stream) so concurrent streams never share a counter. A
@@ -262,38 +262,13 @@ def _tile_counters(device: torch.device, n: int, key: "tuple[int, int] | None" =
     capture is not cached: its zero fill is a node of that graph alone (and its
     memory the graph's), so each capturing call gets its own, zeroed at every replay.
     """
-    return _kept(_counters, _stream_key(device) if key is None else key, device, n, torch.int32, True,
-                 1 << 62)
-
-
-def _workspace(device: torch.device, n: int, key: tuple[int, int]) -> torch.Tensor:
-    """The fp32 split partials of one launch, kept per (device, stream) as the counters are (issue 15:
-    an allocation less per call). Every partial a launch reads it wrote itself earlier in that launch,
-    so a launch needs no clean buffer, only one no other launch uses at the same time: launches on
-    one stream run in order. Up to ``KEPT_WORKSPACE_BYTES``; a larger one is the call's own, and so is
-    every CPU one (the interpreter: threads' launches do run at the same time)."""
-    if n * 4 > KEPT_WORKSPACE_BYTES or device.type != "cuda":
-        return torch.empty(n, dtype=torch.float32, device=device)
-    return _kept(_workspaces, key, device, n, torch.float32, False, KEPT_WORKSPACE_BYTES // 4)
-
-
-KEPT_WORKSPACE_BYTES = 32 << 20  # a decode GEMM's partials; prefill's larger ones go back to torch's allocator
-_workspaces: dict[tuple[int, int], list[torch.Tensor]] = {}
-
-
-def _kept(store: dict, key: tuple[int, int], device: torch.device, n: int, dtype: torch.dtype, zeroed: bool,
-          most: int) -> torch.Tensor:
-    """A buffer of at least ``n`` elements kept in ``store`` under ``key``; growing by doubling (up to
-    ``most`` elements, or ``n``), the old ones kept alive for the CUDA graphs that point at them, and
-    never kept when first needed inside a capture (the graph's own memory then)."""
-    bufs = store.get(key)
+    bufs = _counters.get(_stream_key(device), [])
     if bufs and bufs[-1].numel() >= n:
         return bufs[-1]
-    make = torch.zeros if zeroed else torch.empty
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return make(n, dtype=dtype, device=device)
-    buf = make(max(n, min(max(4096, 2 * bufs[-1].numel() if bufs else 0), most)), dtype=dtype, device=device)
-    store.setdefault(key, []).append(buf)
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    buf = torch.zeros(max(n, 4096, 2 * bufs[-1].numel() if bufs else 0), dtype=torch.int32, device=device)
+    _counters.setdefault(_stream_key(device), []).append(buf)
     return buf
 
 
@@ -387,9 +362,8 @@ def run_plan(plan: "_GemmPlan", A, B, out, A_scale, B_scale) -> torch.Tensor:
         if plan.zero_out:
             out.zero_()
         dev = A.device
-        key = _stream_key(dev)
-        ws = _workspace(dev, plan.ws_numel, key)
-        cnt = _tile_counters(dev, plan.counters, key)
+        ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=dev)
+        cnt = _tile_counters(dev, plan.counters)
     else:
         ws = cnt = out  # unused by the kernel when SPLITS == 1
     run_prepared(plan.launch, launch, (A, B, out, A_scale, B_scale, ws, cnt))

@@ -198,26 +198,6 @@ def test_counters_return_to_zero():
     assert not out.isnan().any()
 
 
-def test_kept_buffer_is_reused_then_grows_by_doubling_and_keeps_the_old():
-    store, key, cpu = {}, (7, 7), torch.device("cpu")
-    a = bg._kept(store, key, cpu, 100, torch.float32, False, 1 << 20)
-    assert a.numel() == 4096 and bg._kept(store, key, cpu, 4096, torch.float32, False, 1 << 20) is a
-    b = bg._kept(store, key, cpu, 5000, torch.float32, False, 1 << 20)
-    assert b.numel() == 8192 and store[key] == [a, b]  # a captured graph may still point at a
-    c = bg._kept(store, key, cpu, 9000, torch.float32, False, 10000)  # doubling capped at `most`
-    assert c.numel() == 10000
-    d = bg._kept(store, key, cpu, 20000, torch.int32, True, 10000)  # past `most`: exactly what is asked
-    assert d.numel() == 20000 and int(d.abs().sum()) == 0 and len(store[key]) == 4
-
-
-def test_cpu_workspace_is_the_calls_own():
-    """The interpreter's launches from threads run at the same time: a CPU workspace is never shared."""
-    cpu = torch.device("cpu")
-    before = {k: list(v) for k, v in bg._workspaces.items()}
-    a, b = bg._workspace(cpu, 1000, (-1, 0)), bg._workspace(cpu, 1000, (-1, 0))
-    assert a.data_ptr() != b.data_ptr() and {k: list(v) for k, v in bg._workspaces.items()} == before
-
-
 @pytest.mark.parametrize("zero_out", [True, False])
 def test_workspace_cap_splits_rows_over_launches_same_bits(monkeypatch, zero_out):
     """Above MAX_WORKSPACE_BYTES the kernel runs over row blocks (issue 14.14): the same bits, and no
@@ -351,37 +331,6 @@ def test_gpu_cuda_graph_replay(splits):
         torch.cuda.synchronize()
         assert torch.equal(bits(out), bits(eager))
     assert all(int(c.abs().sum()) == 0 for cs in bg._counters.values() for c in cs)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
-def test_gpu_kept_workspace_per_stream_poisoned_between_calls_same_bits(monkeypatch):
-    """The split partials' buffer is kept per (device, stream): a later call reuses it whatever it holds
-    (poisoned here), another stream gets its own, and one past KEPT_WORKSPACE_BYTES is not kept."""
-    M, N, K, splits = 16, 7168, 2048, 4
-    A, B, A_scale, B_scale = make_inputs(M, N, K, seed=13)
-    Bs = shuffle_weight_16x16(B)
-    first = bg.blockscale_gemm_splitk(A, Bs, poisoned(M, N), A_scale, B_scale, splits=splits)
-    key = bg._stream_key(A.device)
-    ws = bg._workspaces[key][-1]
-    assert ws.numel() >= splits * M * N
-    ws.fill_(float("nan"))
-    again = bg.blockscale_gemm_splitk(A, Bs, poisoned(M, N), A_scale, B_scale, splits=splits)
-    assert bg._workspaces[key][-1] is ws and torch.equal(bits(again), bits(first))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        other = bg.blockscale_gemm_splitk(A, Bs, poisoned(M, N), A_scale, B_scale, splits=splits)
-        side_key = bg._stream_key(A.device)
-    torch.cuda.synchronize()
-    assert side_key != key and bg._workspaces[side_key][-1].data_ptr() != ws.data_ptr()
-    assert torch.equal(bits(other), bits(first))
-    monkeypatch.setattr(bg, "KEPT_WORKSPACE_BYTES", splits * M * N * 4 - 4)
-    kept = {k: list(v) for k, v in bg._workspaces.items()}
-    bg._workspaces.pop(key)
-    big = bg.blockscale_gemm_splitk(A, Bs, poisoned(M, N), A_scale, B_scale, splits=splits)
-    assert key not in bg._workspaces and torch.equal(bits(big), bits(first))
-    bg._workspaces.update(kept)
 
 
 @pytest.mark.gpu

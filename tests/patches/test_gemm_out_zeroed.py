@@ -555,7 +555,7 @@ def test_gpu_second_graph_on_a_stream_does_not_depend_on_the_first(stub):
     for _ in range(64):  # torch hands out pooled streams: find one no earlier call has used
         stream = torch.cuda.Stream()
         key = (torch.cuda.current_device(), stream.cuda_stream)
-        if key not in kernel._counters and key not in kernel._workspaces:
+        if key not in kernel._counters:
             break
     else:
         pytest.skip("every pooled CUDA stream already has split-K counters")
@@ -566,7 +566,6 @@ def test_gpu_second_graph_on_a_stream_does_not_depend_on_the_first(stub):
             out.zero_()
             gemm(A, Bs, out, A_scale, B_scale, splitK=split, out_zeroed=True)
     assert key not in kernel._counters, "nothing allocated inside a capture is cached for later launches"
-    assert key not in kernel._workspaces, "nor the split partials' buffer"
     graphs[1].replay()
     torch.cuda.synchronize()
     assert torch.equal(bits(outs[1]), bits(expected))
