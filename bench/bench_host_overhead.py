@@ -290,6 +290,8 @@ def run(args) -> str:
     tokens = [2] if args.smoke else [int(t) for t in args.tokens.split(",")]
     calls, reps = (1, 1) if args.smoke else (args.calls, args.reps)
     rounds = 2 if args.smoke else args.rounds
+    if rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
     clock = Clock(device, calls, reps, warmup=0 if args.smoke else 3)
     fake = contextlib.nullcontext()
     if args.fake_launch:
@@ -323,7 +325,11 @@ def run(args) -> str:
                         firsts[name] = (clock.first_ms(patched), _variants() - v0)
                     fast, slow, floor = ({n: [] for n in calls_} for _ in range(3))
                     groups = max(-(-reps // rounds), 1)
-                    for r in range(rounds):  # patched and floor alternate: the host's drift hits both alike
+                    for r in range(rounds):  # patched and floor alternate (order too): the host's drift hits both alike
+                        if r % 2:
+                            aiter_patches.revert()
+                            for n, (_, f) in calls_.items():
+                                floor[n].append(clock.samples(f, groups))
                         if r:
                             aiter_patches.apply()
                         fast_launch.set_mode("on")
@@ -335,8 +341,9 @@ def run(args) -> str:
                         fast_launch.set_mode(None)
                         stats = aiter_patches.stats()
                         aiter_patches.revert()
-                        for n, (_, f) in calls_.items():
-                            floor[n].append(clock.samples(f, groups))
+                        if not r % 2:
+                            for n, (_, f) in calls_.items():
+                                floor[n].append(clock.samples(f, groups))
                 for name in calls_:
                     per_round = [statistics.median(a) / statistics.median(b) for a, b in zip(fast[name], floor[name])]
                     rows.append((name, f"({E},{K},{D})", M, _median_us(fast[name]), _median_us(slow[name]),

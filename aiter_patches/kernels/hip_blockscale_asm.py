@@ -312,6 +312,7 @@ def _tree_reason(aiter_root: str, gfx: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)  # on every launch: two path joins
 def code_object_path(aiter_root: str, gfx: str, cfg: AsmKernel) -> str:
     return os.path.join(kernel_dir(aiter_root, gfx), cfg.co_name)
 

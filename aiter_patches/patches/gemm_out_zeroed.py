@@ -9,11 +9,13 @@ the memset. With a non-zero ``out`` the splits add onto it: that is the
 contract, not a bug. ``out_zeroed=False`` (the default), or a split count of
 one, is exactly the original call.
 
-Host time (issue 15): on the stand-in's branch the gate's verdict (a kept kernel plan, or the
-reason to hand back) is kept per call key (``call_key``: the arguments' shapes, strides, dtypes,
-devices and Python values, the grad mode, the limits and modules the gate reads), so a repeated
-call reads its arguments' metadata once and launches; real AITER's ``.co`` branch asks the HIP
-runtime and the file system and is decided per call.
+Host time (issue 15): the gate's verdict (a kept kernel plan, or the reason to hand back) is kept
+per call key (``call_key``: the arguments' shapes, strides, dtypes, devices and Python values, the
+grad mode, the limits, modules and functions the gate reads), so a repeated call reads its
+arguments' metadata once and launches. On real AITER's ``.co`` branch the key also holds AITER's
+tree (the root its ``aiter.jit.core`` names) and the HIP-side functions the gate asks; what those
+read of the file system and the device (the kernel list, each ``.co``'s metadata, the device's arch
+and CU count) is read once per process already, so a kept verdict decides as the gate would.
 """
 
 from __future__ import annotations
@@ -32,16 +34,19 @@ from . import moe_call, pins, relied_on
 NAME = "gemm_out_zeroed"
 
 
-class NoMemsetLaunch(NamedTuple):
-    """This call goes to the no-memset kernel: ``run()`` launches it into ``out``."""
-
-    run: Callable[[], Any]
-
-
 class HandBack(NamedTuple):
     """This call goes to AITER unchanged, for ``reason`` (counted as a fallback)."""
 
     reason: str
+
+
+class AsmLaunch(NamedTuple):
+    """Real AITER's no-memset ``.co`` launch: the kernel and split AITER's launcher picks (a
+    ``hip_blockscale_asm.LaunchPlan``) and AITER's tree, launched on the call's tensors. Python
+    values only: a verdict of the cache below."""
+
+    plan: Any
+    root: str
 
 
 class TritonLaunch(NamedTuple):
@@ -62,15 +67,24 @@ def _kernel():
     return _KERNEL[0]
 
 
+_HIP: list = []  # the ROCm launcher module, imported once (an import statement per call costs ~1 µs)
+
+
+def _hip():
+    if not _HIP:
+        from ..kernels import hip_blockscale_asm
+
+        _HIP.append(hip_blockscale_asm)
+    return _HIP[0]
+
+
 def _aiter_root() -> str | None:
-    from ..kernels import hip_blockscale_asm as hip
-
-    return hip.aiter_root_of(sys.modules.get("aiter"))  # AITER's .co files are not inside its package
+    return _hip().aiter_root_of(sys.modules.get("aiter"))  # AITER's .co files are not inside its package
 
 
-# Verdicts of the stand-in's gate by call_key: every check below reads the arguments' metadata, the
-# grad mode and the objects named in _environment() only. Real AITER's branch (the .co path) asks
-# the HIP runtime and the file system, so it is decided per call and never kept.
+# Verdicts of the gate by call_key: every check below reads the arguments' metadata, the grad mode
+# and what _environment() / _asm_environment() name only (real AITER's .co branch: its file system and
+# device answers are read once per process by hip_blockscale_asm, and the key names those functions).
 VERDICTS = call_key.Verdicts(NAME)
 _OPERANDS = ("A", "B", "out", "A_scale", "B_scale")
 
@@ -85,6 +99,17 @@ def _environment(aiter=None) -> tuple:
     return (aiter, getattr(sys.modules.get("aiter.ops.gemm_op_a8w8"), "launcher_split", None),
             runtime.triton_backend_reason, os.environ.get("TRITON_INTERPRET"), torch.is_grad_enabled(),
             k.MAX_WORKSPACE_BYTES, k.MAX_SPLITS, k.block_config, k._blockscale_gemm_kernel, k.unsupported_reason)
+
+
+def _asm_environment(aiter) -> tuple:
+    """What real AITER's ``.co`` branch of the gate reads besides the arguments, in one flat tuple:
+    AITER's module and tree (the root its ``aiter.jit.core`` names), the grad mode, and the
+    ROCm-side functions and values the branch asks (by identity: a test or a server replacing one
+    gets a new verdict)."""
+    hip = _HIP[0] if _HIP else _hip()
+    return (aiter, _aiter_root(), torch.is_grad_enabled(), torch.version.hip, torch.cuda.is_available,
+            torch.cuda.get_device_properties, hip.available, hip.gfx_of, hip.unsupported_reason, hip.plan_launch,
+            hip.code_object_reason, hip.launch_planned, id(hip._co_checks))
 
 
 def _operand_getter(binder, args: tuple, kwargs: dict):
@@ -111,15 +136,16 @@ def _wrapper(inner, site):
             return inner(*args, **kwargs)
         key = None
         aiter = sys.modules.get("aiter")
-        if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False):  # real AITER's .co branch: decided every call
-            try:
-                key = (args_key(args, kwargs), _environment(aiter))
-            except Unkeyable:
-                pass
+        try:
+            key = (args_key(args, kwargs), _environment(aiter) if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
+                   else _asm_environment(aiter))
+            hash(key)
+        except (Unkeyable, TypeError):  # TypeError: a replaced AITER module or function that does not hash
+            key = None
         got = verdicts.get(key) if key is not None else None
         if got is None:
             plan, operands = _decide(binder, args, kwargs)
-            if key is not None:  # made only on the stand-in: its verdict follows from what the key holds
+            if key is not None:  # the verdict follows from what the key holds
                 verdicts.put(key, (plan, _operand_getter(binder, args, kwargs) if operands else None))
         else:
             plan, get = got
@@ -133,7 +159,7 @@ def _wrapper(inner, site):
                 if plan.plan is not None:  # A_scale as passed: the plan has the strides AITER's asm reads it with
                     (_KERNEL[0] if _KERNEL else _kernel()).run_plan(plan.plan, *operands)
             else:
-                plan.run()
+                _hip().launch_planned(*operands, plan.plan, aiter_root=plan.root)
         except Exception as exc:
             counters.failed(exc, "GEMM launch without memset")
             return inner(*args, **kwargs)
@@ -176,7 +202,7 @@ def _autograd_reason(out) -> str | None:
     return None
 
 
-def _plan(bound: dict) -> TritonLaunch | NoMemsetLaunch | HandBack:
+def _plan(bound: dict) -> TritonLaunch | AsmLaunch | HandBack:
     """A no-memset launch for this call, or the reason there is none (split 1 needs no patch)."""
     A, B, out = bound["A"], bound["B"], bound["out"]
     A_scale, B_scale = bound["A_scale"], bound["B_scale"]
@@ -224,7 +250,7 @@ def _plan(bound: dict) -> TritonLaunch | NoMemsetLaunch | HandBack:
     reason = hip.code_object_reason(root, plan.gfx, plan.cfg)
     if reason is not None:
         return HandBack(f"AITER's .co refused: {reason}")
-    return NoMemsetLaunch(lambda: hip.launch_planned(A, B, out, A_scale, B_scale, plan, aiter_root=root))
+    return AsmLaunch(plan, root)
 
 
 def check(device) -> CheckResult:

@@ -142,3 +142,82 @@ def test_split_one_never_reads_a_code_object(rocm, stub, real_root, device, monk
     aiter_patches.apply([NAME])
     gemm(A, B, torch.zeros(M, N, dtype=torch.bfloat16, device=device), A_scale, B_scale, splitK=1, out_zeroed=True)
     assert list(stats()["fallback"]) == ["split count 1: the original launches no memset"]
+
+
+# ------------------------------------------------------------------ kept verdicts of the .co branch (issue 15)
+
+def spy_decide(monkeypatch):
+    """Count the gate's full decisions (a kept verdict's hit does not decide)."""
+    from aiter_patches.patches import gemm_out_zeroed as patch
+
+    decided, real = [], patch._decide
+    monkeypatch.setattr(patch, "_decide", lambda *a: decided.append(1) or real(*a))
+    return decided
+
+
+def test_co_verdict_is_kept_and_a_hit_launches_the_same_kernel(rocm, stub, real_root, device, monkeypatch):
+    cfg = copy_tree(real_root, rocm.root, device)
+    A, B, A_scale, B_scale = operands(stub, device)
+    decided = spy_decide(monkeypatch)
+    aiter_patches.apply([NAME])
+    outs = [torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device) for _ in range(3)]
+    for out in outs:
+        assert gemm(A, B, out, A_scale, B_scale, splitK=SPLIT, out_zeroed=True) is out
+    assert decided == [1] and stats()["fast"] == 3 and stats()["fallback"] == {}, stats()
+    grid = hb.launch_grid(M, N, cfg.tile_m, cfg.tile_n, SPLIT)
+    assert rocm.launches == [grid] * 3
+    assert rocm.loads == [str(gemm_kernel_dir(rocm.root, "gfx942") / cfg.co_name)] * 3
+
+
+def test_co_verdict_follows_what_the_gate_reads(rocm, stub, real_root, device, monkeypatch):
+    """After a kept launch, each thing the gate reads is changed in turn: the call is decided again,
+    and the gate's own answer (a new launch, or its reason counted) is what the call gets."""
+    copy_tree(real_root, rocm.root, device)
+    A, B, A_scale, B_scale = operands(stub, device)
+    decided = spy_decide(monkeypatch)
+    aiter_patches.apply([NAME])
+    zeros = lambda: torch.zeros(M, N, dtype=torch.bfloat16, device=device)  # noqa: E731
+    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    assert len(decided) == 1 and stats()["fast"] == 2
+    gemm(A, B, zeros(), A_scale, B_scale, splitK=1, out_zeroed=True)  # a value: split 1, handed back
+    assert len(decided) == 2 and list(stats()["fallback"]) == ["split count 1: the original launches no memset"]
+    gemm(A[:3], B, zeros()[:3], A_scale[:3], B_scale, splitK=SPLIT, out_zeroed=True)  # a shape
+    assert len(decided) == 3 and stats()["fast"] == 3
+    other = rocm.root / "other"
+    copy_tree(real_root, other, device)
+    monkeypatch.setitem(sys.modules, "aiter.jit.core", types.SimpleNamespace(AITER_ASM_DIR=f"{other}/hsa/"))
+    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)  # another AITER tree
+    assert len(decided) == 4 and str(other) in rocm.loads[-1]
+    monkeypatch.setattr(hb, "available", lambda device, root: "no HIP here (test)")  # a HIP-side answer
+    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    assert len(decided) == 5 and stats()["fallback"].get(
+        "AITER's .co cannot be launched here: no HIP here (test)") == 1, stats()
+    grad = torch.is_grad_enabled()
+    with torch.set_grad_enabled(not grad):
+        gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)  # the grad mode: a new key
+    assert len(decided) == 6
+    out = zeros().requires_grad_()
+    with torch.enable_grad(), pytest.raises(RuntimeError, match="requires grad"):  # the gate's autograd rule:
+        gemm(A, B, out, A_scale, B_scale, splitK=SPLIT, out_zeroed=True)  # AITER's in-place write refuses
+    assert len(decided) == 7 and any("requires grad" in r for r in stats()["fallback"]), stats()
+
+
+def test_co_branch_with_an_unhashable_part_is_decided_every_call(rocm, stub, real_root, device, monkeypatch):
+    copy_tree(real_root, rocm.root, device)
+    A, B, A_scale, B_scale = operands(stub, device)
+
+    class Unhashable:  # a replaced HIP-side function that does not hash (defines __eq__ only)
+        def __eq__(self, other):
+            return self is other
+
+        def __call__(self, device, root):
+            return None
+
+    monkeypatch.setattr(hb, "available", Unhashable())
+    decided = spy_decide(monkeypatch)
+    aiter_patches.apply([NAME])
+    for _ in range(3):
+        gemm(A, B, torch.zeros(M, N, dtype=torch.bfloat16, device=device), A_scale, B_scale, splitK=SPLIT,
+             out_zeroed=True)
+    assert decided == [1, 1, 1] and stats()["fast"] == 3
