@@ -109,6 +109,7 @@ def _asm_environment(aiter) -> tuple:
     hip = _HIP[0] if _HIP else _hip()
     return (aiter, _aiter_root(), torch.is_grad_enabled(), torch.version.hip, torch.cuda.is_available,
             torch.cuda.get_device_properties, hip.available, hip.gfx_of, hip.unsupported_reason, hip.plan_launch,
+            hip.load_kernel_list, hip.select_kernel, hip.aligned_split, hip.SUPPORTED_GFX, hip.code_object_path,
             hip.code_object_reason, hip.launch_planned, id(hip._co_checks))
 
 
@@ -139,10 +140,12 @@ def _wrapper(inner, site):
         try:
             key = (args_key(args, kwargs), _environment(aiter) if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
                    else _asm_environment(aiter))
-            hash(key)
-        except (Unkeyable, TypeError):  # TypeError: a replaced AITER module or function that does not hash
-            key = None
-        got = verdicts.get(key) if key is not None else None
+        except Unkeyable:
+            pass
+        try:
+            got = verdicts.get(key) if key is not None else None
+        except TypeError:  # a replaced AITER module or function that does not hash: decided in full
+            key = got = None
         if got is None:
             plan, operands = _decide(binder, args, kwargs)
             if key is not None:  # the verdict follows from what the key holds

@@ -221,3 +221,21 @@ def test_co_branch_with_an_unhashable_part_is_decided_every_call(rocm, stub, rea
         gemm(A, B, torch.zeros(M, N, dtype=torch.bfloat16, device=device), A_scale, B_scale, splitK=SPLIT,
              out_zeroed=True)
     assert decided == [1, 1, 1] and stats()["fast"] == 3
+
+
+@pytest.mark.parametrize("name", ["select_kernel", "load_kernel_list", "aligned_split", "code_object_path",
+                                  "plan_launch", "gfx_of", "unsupported_reason"])
+def test_co_verdict_is_decided_again_when_a_rocm_side_function_is_replaced(rocm, stub, real_root, device,
+                                                                           monkeypatch, name):
+    copy_tree(real_root, rocm.root, device)
+    A, B, A_scale, B_scale = operands(stub, device)
+    decided = spy_decide(monkeypatch)
+    aiter_patches.apply([NAME])
+    zeros = lambda: torch.zeros(M, N, dtype=torch.bfloat16, device=device)  # noqa: E731
+    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    assert decided == [1]
+    real = getattr(hb, name)
+    monkeypatch.setattr(hb, name, lambda *a, **kw: real(*a, **kw))
+    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    assert decided == [1, 1] and stats()["fast"] == 3, stats()
