@@ -155,6 +155,19 @@ def spy_decide(monkeypatch):
     return decided
 
 
+def kept_once(rocm, stub, real_root, device, monkeypatch):
+    """The `.co` branch applied, one call decided and kept, and one hit: the operands, the decisions spy,
+    a maker of zeroed outputs."""
+    copy_tree(real_root, rocm.root, device)
+    A, B, A_scale, B_scale = operands(stub, device)
+    decided = spy_decide(monkeypatch)
+    aiter_patches.apply([NAME])
+    zeros = lambda: torch.zeros(M, N, dtype=torch.bfloat16, device=device)  # noqa: E731
+    for _ in range(2):
+        gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    return A, B, A_scale, B_scale, decided, zeros
+
+
 def test_co_verdict_is_kept_and_a_hit_launches_the_same_kernel(rocm, stub, real_root, device, monkeypatch):
     cfg = copy_tree(real_root, rocm.root, device)
     A, B, A_scale, B_scale = operands(stub, device)
@@ -172,13 +185,7 @@ def test_co_verdict_is_kept_and_a_hit_launches_the_same_kernel(rocm, stub, real_
 def test_co_verdict_follows_what_the_gate_reads(rocm, stub, real_root, device, monkeypatch):
     """After a kept launch, each thing the gate reads is changed in turn: the call is decided again,
     and the gate's own answer (a new launch, or its reason counted) is what the call gets."""
-    copy_tree(real_root, rocm.root, device)
-    A, B, A_scale, B_scale = operands(stub, device)
-    decided = spy_decide(monkeypatch)
-    aiter_patches.apply([NAME])
-    zeros = lambda: torch.zeros(M, N, dtype=torch.bfloat16, device=device)  # noqa: E731
-    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
-    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    A, B, A_scale, B_scale, decided, zeros = kept_once(rocm, stub, real_root, device, monkeypatch)
     assert len(decided) == 1 and stats()["fast"] == 2
     gemm(A, B, zeros(), A_scale, B_scale, splitK=1, out_zeroed=True)  # a value: split 1, handed back
     assert len(decided) == 2 and list(stats()["fallback"]) == ["split count 1: the original launches no memset"]
@@ -227,13 +234,7 @@ def test_co_branch_with_an_unhashable_part_is_decided_every_call(rocm, stub, rea
                                   "plan_launch", "gfx_of", "unsupported_reason"])
 def test_co_verdict_is_decided_again_when_a_rocm_side_function_is_replaced(rocm, stub, real_root, device,
                                                                            monkeypatch, name):
-    copy_tree(real_root, rocm.root, device)
-    A, B, A_scale, B_scale = operands(stub, device)
-    decided = spy_decide(monkeypatch)
-    aiter_patches.apply([NAME])
-    zeros = lambda: torch.zeros(M, N, dtype=torch.bfloat16, device=device)  # noqa: E731
-    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
-    gemm(A, B, zeros(), A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
+    A, B, A_scale, B_scale, decided, zeros = kept_once(rocm, stub, real_root, device, monkeypatch)
     assert decided == [1]
     real = getattr(hb, name)
     monkeypatch.setattr(hb, name, lambda *a, **kw: real(*a, **kw))
