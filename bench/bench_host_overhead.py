@@ -325,11 +325,14 @@ def run(args) -> str:
                         firsts[name] = (clock.first_ms(patched), _variants() - v0)
                     fast, slow, floor = ({n: [] for n in calls_} for _ in range(3))
                     groups = max(-(-reps // rounds), 1)
+
+                    def floor_round():
+                        for n, (_, f) in calls_.items():
+                            floor[n].append(clock.samples(f, groups))
+
                     for r in range(rounds):  # patched and floor alternate (order too): the host's drift hits both alike
-                        if r % 2:
-                            aiter_patches.revert()
-                            for n, (_, f) in calls_.items():
-                                floor[n].append(clock.samples(f, groups))
+                        if r % 2:  # the previous round ended reverted
+                            floor_round()
                         if r:
                             aiter_patches.apply()
                         fast_launch.set_mode("on")
@@ -342,8 +345,7 @@ def run(args) -> str:
                         stats = aiter_patches.stats()
                         aiter_patches.revert()
                         if not r % 2:
-                            for n, (_, f) in calls_.items():
-                                floor[n].append(clock.samples(f, groups))
+                            floor_round()
                 for name in calls_:
                     per_round = [statistics.median(a) / statistics.median(b) for a, b in zip(fast[name], floor[name])]
                     rows.append((name, f"({E},{K},{D})", M, _median_us(fast[name]), _median_us(slow[name]),

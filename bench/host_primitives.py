@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +26,7 @@ if not torch.cuda.is_available():
 
 from aiter_patches.kernels import fast_launch  # noqa: E402
 from bench import harness  # noqa: E402
+from bench.bench_host_overhead import Clock  # noqa: E402
 
 
 def _parse():
@@ -38,29 +37,15 @@ def _parse():
     return p.parse_args()
 
 
-def _us(fn, calls: int, reps: int, sync) -> float:
-    for _ in range(5):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        for _ in range(calls):
-            t0 = time.perf_counter_ns()
-            fn()
-            times.append(time.perf_counter_ns() - t0)
-        sync()
-    return statistics.median(times) / 1e3
-
-
 def rows(dev: torch.device, calls: int, reps: int) -> list[tuple[str, float]]:
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    clock = Clock(dev, calls, reps, warmup=5)
     t = torch.empty(4096, dtype=torch.int32, device=dev)
     u8 = torch.empty(1 << 16, dtype=torch.uint8, device=dev)
     i32 = torch.int32
     out = []
 
     def add(name, fn):
-        out.append((name, _us(fn, calls, reps, sync)))
+        out.append((name, clock.host_us(fn)))
 
     add("`torch.empty(n, dtype, device)`", lambda: torch.empty(8192, dtype=i32, device=dev))
     add("`torch.empty(m, n, dtype, device)`", lambda: torch.empty(64, 3584, dtype=torch.uint8, device=dev))

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 import types
 from pathlib import Path
 from unittest import mock
@@ -35,6 +33,7 @@ from aiter_patches.kernels import hip_blockscale_asm as hb  # noqa: E402
 from aiter_patches.patches import gemm_out_zeroed as patch  # noqa: E402
 from aiter_patches.reference.blockscale_gemm import shuffle_weight_16x16  # noqa: E402
 from aiter_patches.testing import use_stub_aiter  # noqa: E402
+from bench.bench_host_overhead import Clock  # noqa: E402
 
 SHAPES = [(1, 7168, 2048), (64, 7168, 2048), (1, 1536, 7168), (64, 24576, 1536)]  # (M, N, K), decode GEMMs
 SPLIT = 4
@@ -55,23 +54,12 @@ class _FakeLauncher:
         pass
 
 
-def _us(fn, calls: int) -> float:
-    for _ in range(200):
-        fn()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times) / 1e3
-
-
 def run(calls: int) -> str:
     from helpers.aiter_tree import code_object_root, gemm_kernel_dir
 
     tree = Path(tempfile.mkdtemp(prefix="aiter_patches_asm_proxy_"))
     shutil.copytree(gemm_kernel_dir(code_object_root(tree / "src"), "gfx942"), gemm_kernel_dir(tree, "gfx942"))
-    rows = []
+    rows, clock = [], Clock(torch.device("cpu"), calls, 1, warmup=200)
     with use_stub_aiter() as stub, mock.patch.multiple(
             hb, available=lambda device, root: None, gfx_of=lambda device: "gfx942",
             _get_launcher=lambda: _FakeLauncher()), mock.patch.multiple(
@@ -94,12 +82,12 @@ def run(calls: int) -> str:
                 call = lambda: gop.gemm_a8w8_blockscale_bpreshuffle_asm(  # noqa: E731
                     A, B, out, A_scale, B_scale, splitK=SPLIT, out_zeroed=True)
                 before = aiter_patches.stats()["gemm_out_zeroed"]["fast"]
-                kept = _us(call, calls)
+                kept = clock.host_us(call)
                 verdicts, limit = patch.VERDICTS, patch.VERDICTS.limit  # the wrapper holds this object
                 verdicts.clear()
                 verdicts.limit = 0
                 try:
-                    full = _us(call, calls)
+                    full = clock.host_us(call)
                 finally:
                     verdicts.limit = limit
                 took = aiter_patches.stats()["gemm_out_zeroed"]

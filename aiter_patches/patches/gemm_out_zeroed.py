@@ -23,7 +23,7 @@ from __future__ import annotations
 import operator
 import os
 import sys
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -106,7 +106,7 @@ def _asm_environment(aiter) -> tuple:
     AITER's module and tree (the root its ``aiter.jit.core`` names), the grad mode, and the
     ROCm-side functions and values the branch asks (by identity: a test or a server replacing one
     gets a new verdict)."""
-    hip = _HIP[0] if _HIP else _hip()
+    hip = _hip()
     return (aiter, _aiter_root(), torch.is_grad_enabled(), torch.version.hip, torch.cuda.is_available,
             torch.cuda.get_device_properties, hip.available, hip.gfx_of, hip.unsupported_reason, hip.plan_launch,
             hip.load_kernel_list, hip.select_kernel, hip.aligned_split, hip.SUPPORTED_GFX, hip.code_object_path,
@@ -138,8 +138,7 @@ def _wrapper(inner, site):
         key = None
         aiter = sys.modules.get("aiter")
         try:
-            key = (args_key(args, kwargs), _environment(aiter) if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False)
-                   else _asm_environment(aiter))
+            key = (args_key(args, kwargs), _environment(aiter) if _stand_in(aiter) else _asm_environment(aiter))
         except Unkeyable:
             pass
         try:
@@ -237,8 +236,7 @@ def _plan(bound: dict) -> TritonLaunch | AsmLaunch | HandBack:
         if plan is None:  # pragma: no cover - workspace_reason above refused it
             return HandBack("split-K workspace above the one-launch cap")
         return TritonLaunch(plan)
-    from ..kernels import hip_blockscale_asm as hip
-
+    hip = _hip()
     reason = hip.unsupported_reason(A, B, out, A_scale, B_scale)
     if reason is not None:
         return HandBack(reason)
