@@ -330,23 +330,33 @@ class Binder:
     the wrapper supplies the defaults it relies on.
     """
 
-    __slots__ = ("positional", "names")
+    __slots__ = ("positional", "names", "required", "_leading")
 
     def __init__(self, sig: Signature):
         self.positional = sig.positional_names()
         self.names = frozenset(p.name for p in sig.params if p.kind not in (VAR_POSITIONAL, VAR_KEYWORD))
+        self.required = tuple(p.name for p in sig.params
+                              if p.default is None and p.kind not in (VAR_POSITIONAL, VAR_KEYWORD))
+        # a call with at least this many positional arguments gives every required parameter
+        self._leading = (len(self.positional) + 1 if any(n not in self.positional for n in self.required)
+                         else max((self.positional.index(n) + 1 for n in self.required), default=0))
 
     def bind(self, args: tuple, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        """Return ``(arguments, problems)``: the named arguments, and what the pin does not explain."""
+        """Return ``(arguments, problems)``: the named arguments, and what the pin does not explain
+        (a required parameter not given is one: the function itself raises its TypeError for it)."""
         if len(args) > len(self.positional):
             return {}, [f"{len(args)} positional arguments (the pin takes {len(self.positional)})"]
         bound = dict(zip(self.positional, args))
-        if not kwargs:
-            return bound, []
-        if self.names.issuperset(kwargs) and bound.keys().isdisjoint(kwargs):  # the usual call: no problem
-            bound.update(kwargs)
-            return bound, []
-        problems = [f"unknown keyword '{k}'" for k in kwargs if k not in self.names]
-        problems += [f"'{k}' given twice" for k in kwargs if k in bound]
-        bound.update(kwargs)
-        return bound, problems
+        if kwargs:
+            if self.names.issuperset(kwargs) and bound.keys().isdisjoint(kwargs):  # the usual call: no problem
+                bound.update(kwargs)
+            else:
+                problems = [f"unknown keyword '{k}'" for k in kwargs if k not in self.names]
+                problems += [f"'{k}' given twice" for k in kwargs if k in bound]
+                bound.update(kwargs)
+                return bound, problems
+        if len(args) < self._leading:
+            missing = [n for n in self.required if n not in bound]
+            if missing:
+                return bound, [f"required argument{'s' if len(missing) > 1 else ''} not given: {', '.join(missing)}"]
+        return bound, []

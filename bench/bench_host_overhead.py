@@ -15,7 +15,10 @@ sync every ``--calls`` calls, outside the timed region). Columns, per entry and 
 
 Entries: ``moe_sorting``; ``_moe_sorting_impl`` with and without the stage-1 MXFP4 quant (the
 patched one is the single sort+quant launch, its floor AITER's sort plus AITER's quant helper);
-the MXFP4 quant helper's hand-back of that quant; ``fused_moe(..., moe_addend=...)`` (MXFP4
+the MXFP4 quant helper's hand-back of that quant; ``fused_moe`` as a server calls it, no patch
+keyword (MXFP4 weights, per_1x32: the sort + stage-1 quant in one launch and its hand-back; bf16
+weights, no quant: the sort alone, handed back to AITER where it saves no launch), against the
+same call unpatched; ``fused_moe(..., moe_addend=...)`` (MXFP4
 weights, per_1x32; floor: unpatched ``fused_moe`` + ``out.add_``); the split-K
 ``gemm_a8w8_blockscale_bpreshuffle_asm(..., out_zeroed=True)`` against the original call
 (``out_zeroed=False``, same kernel after a memset).
@@ -244,6 +247,15 @@ def entries(aiter, fm, device, E, K, D, M):
     addend = torch.randn(M, D, device=device).to(torch.bfloat16)
     moe_kw = dict(quant_type=aiter.QuantType.per_1x32)
 
+    def fused_plain():  # the call a server makes, no patch keyword: patched and floor alike
+        return fm.fused_moe(x, w1, w2, w, ids, **moe_kw)
+
+    w1_bf16 = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=device).expand(E, 2 * INTER, D)
+    w2_bf16 = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=device).expand(E, D, INTER)
+
+    def fused_bf16():  # no MX quant: the sort alone is the patch's (handed back where it saves no launch)
+        return fm.fused_moe(x, w1_bf16, w2_bf16, w, ids)
+
     def fused_patched():
         return fm.fused_moe(x, w1, w2, w, ids, moe_addend=addend, **moe_kw)
 
@@ -269,6 +281,8 @@ def entries(aiter, fm, device, E, K, D, M):
         "_moe_sorting_impl": (lambda: fm._moe_sorting_impl(*impl_args), lambda: fm._moe_sorting_impl(*impl_args)),
         "_moe_sorting_impl + stage-1 MXFP4 quant": (sort_quant_patched, sort_quant_floor),
         "MXFP4 quant helper hand-back": (handback_patched, handback_floor),
+        "fused_moe, MXFP4 weights": (fused_plain, fused_plain),
+        "fused_moe, bf16 weights": (fused_bf16, fused_bf16),
         "fused_moe(moe_addend=...)": (fused_patched, fused_floor),
         "gemm ... out_zeroed=True": (gemm_patched, gemm_original),
     }

@@ -69,13 +69,16 @@ def rows(dev: torch.device, calls: int, reps: int) -> list[tuple[str, float]]:
             add("`torch._C._cuda_getCurrentRawStream(i)`", lambda: raw(0))
         add("`torch.cuda.is_current_stream_capturing()`", torch.cuda.is_current_stream_capturing)
     x1 = torch.empty(1, device=dev)
-    fast_launch.set_mode("off")
-    add("empty Triton launch, Triton's own", lambda: harness._empty_kernel[(1,)](x1))
-    fast_launch.set_mode("on")
-    add("empty Triton launch, direct (`fast_launch.launch`)", lambda: fast_launch.launch(harness._empty_kernel, (1,), x1))
-    prep = fast_launch.Prepared(harness._empty_kernel, (1,), (0,), (None,), {})
-    add("empty Triton launch, prepared (`fast_launch.Prepared`)", lambda: prep(x1))
-    fast_launch.set_mode(None)
+    try:
+        fast_launch.set_mode("off")
+        add("empty Triton launch, Triton's own", lambda: harness._empty_kernel[(1,)](x1))
+        fast_launch.set_mode("on")
+        add("empty Triton launch, direct (`fast_launch.launch`)",
+            lambda: fast_launch.launch(harness._empty_kernel, (1,), x1))
+        prep = fast_launch.Prepared(harness._empty_kernel, (1,), (0,), (None,), {})
+        add("empty Triton launch, prepared (`fast_launch.Prepared`)", lambda: prep(x1))
+    finally:
+        fast_launch.set_mode(None)
     return out
 
 

@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRIES = ("moe_sorting", "_moe_sorting_impl", "_moe_sorting_impl + stage-1 MXFP4 quant",
-           "MXFP4 quant helper hand-back", "fused_moe(moe_addend=...)", "gemm ... out_zeroed=True")
+           "MXFP4 quant helper hand-back", "fused_moe, MXFP4 weights", "fused_moe, bf16 weights",
+           "fused_moe(moe_addend=...)", "gemm ... out_zeroed=True")
 
 
 @pytest.mark.parametrize("mode", [[], ["--fake-launch"]], ids=["interpreter", "fake-launch"])
@@ -43,3 +44,21 @@ def test_host_primitives_writes_its_table(tmp_path):
     table = out.read_text()
     for op in ("`torch.empty(n, dtype, device)`", "`t.view(dtype)`", "empty Triton launch, prepared"):
         assert f"| {op}" in table
+
+
+def test_native_alloc_probe_builds_and_matches_the_python_allocations(tmp_path):
+    """The probe's C++ allocations are checked against the Python ones (shapes, dtypes, strides) before
+    it times them; without a compiler it says the build failed and times the Python side only."""
+    import shutil
+
+    out = tmp_path / "native.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_alloc_probe.py"), "--calls", "1", "--reps", "1",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = out.read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| sort")]
+    assert len(rows) == 8
+    built = shutil.which(os.environ.get("CXX", "g++")) is not None
+    assert ("failed:" not in table) == built, table
+    assert all(("| - |" not in r) == built for r in rows), rows

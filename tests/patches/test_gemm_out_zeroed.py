@@ -393,6 +393,27 @@ def test_bias_goes_to_the_original(stub, gemm_op, device):
     assert stats()["fast"] == 0 and list(stats()["fallback"]) == ["bias given"]
 
 
+@pytest.mark.parametrize("given, missing", [("no B_scale", "B_scale"),
+                                            ("no out, A_scale or B_scale", "out, A_scale, B_scale"),
+                                            ("B_scale by keyword only", "A_scale")])
+def test_missing_operand_gets_aiters_type_error(stub, device, given, missing):
+    """A call short of an operand gets AITER's own TypeError (the gate used to raise a KeyError of its own)."""
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=3)
+    out = zero_out(M, N, device)
+    args, kwargs = {"no B_scale": ((A, Bs, out, A_scale), {}),
+                    "no out, A_scale or B_scale": ((A, Bs), {}),
+                    "B_scale by keyword only": ((A, Bs, out), {"B_scale": B_scale})}[given]
+    original = capture_error(lambda: gemm(*args, splitK=2, **kwargs))
+    assert original is not None and original[0] is TypeError
+    aiter_patches.apply([NAME])
+    for _ in range(2):  # decided, then kept: both hand the call back
+        assert capture_error(lambda: gemm(*args, splitK=2, out_zeroed=True, **kwargs)) == original
+    assert stats()["fast"] == 0 and stats()["errors"] == {}
+    (reason, count), = stats()["fallback"].items()
+    assert count == 2 and reason.startswith("required argument") and reason.endswith(f"not given: {missing}")
+
+
 # ---------------------------------------------------------------- a non-zero out: the splits add onto it
 
 

@@ -278,6 +278,25 @@ def test_ck_sort_and_unknown_keywords_go_to_aiter(stub, device, monkeypatch):
     assert any("unknown keyword 'surprise'" in r for r in stats()["fallback"])
 
 
+@pytest.mark.parametrize("drop", ["num_experts", "topk_ids"])
+def test_a_sort_short_of_an_argument_gets_aiters_type_error(stub, device, drop):
+    """AITER's own TypeError, not a KeyError from the gate reading the bound arguments."""
+    import aiter.fused_moe as fm
+
+    ids, w = routing(4, 8, 2, device)
+    full = dict(topk_ids=ids, topk_weights=w, num_experts=8, model_dim=128, moebuf_dtype=torch.bfloat16,
+                block_size=32, expert_mask=None, num_local_tokens=None, dispatch_policy=0, use_opus=True)
+    del full[drop]
+    with pytest.raises(TypeError, match=drop) as original:
+        fm._moe_sorting_impl(**full)
+    aiter_patches.apply([NAME])
+    for _ in range(2):  # decided, then kept
+        with pytest.raises(TypeError, match=drop) as patched:
+            fm._moe_sorting_impl(**full)
+        assert str(patched.value) == str(original.value)
+    assert stats()["fallback"] == {f"required argument not given: {drop}": 2} and stats()["fast"] == 0
+
+
 def _sort_call(device, M=4, E=8, topk=2, model_dim=128, block=32, **kw):
     if topk <= E:
         ids, w = routing(M, E, topk, device)
