@@ -320,9 +320,10 @@ def _verdict_key(step, call):
     try:
         args = step.arguments_key()
         offer = step.addend_offer
+        # the activations are read only where a quant is predicted (_request): keyed only then
         state = None if call is None else (
             call.quant_dtype, call.stage1_quant is None,
-            None if call.hidden_states is None else call_key.value_key(call.hidden_states))
+            None if call.hidden_states is None or call.quant_dtype is None else call_key.value_key(call.hidden_states))
         return (args, state, None if offer is None else call_key.value_key(offer),
                 runtime.triton_backend_reason, os.environ.get("TRITON_INTERPRET"),
                 python_level_reason, sort_only_reason, aiter_sort_launches,

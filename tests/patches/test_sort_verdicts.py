@@ -135,6 +135,19 @@ def test_the_call_state_is_in_the_key(stub, device, decided):
     assert stats()["fast"] == 3  # the fp32 call sorts without the quant
 
 
+def test_without_a_predicted_quant_the_activations_are_not_in_the_key(stub, device, decided):
+    """No quant predicted (bf16 or fp8 weights): the gate never reads the activations, so calls with
+    other activations share one verdict (their key would cost a tensor's metadata read per call)."""
+    a = sort_args(device)
+    for dtype, rows in ((torch.bfloat16, 5), (torch.float32, 5), (torch.bfloat16, 9)):
+        x = torch.randn(rows, DIM).to(dtype).to(device)
+        call = moe_call.MoeCall(hidden_states=x, quant_dtype=None)
+        with moe_call.scope(call):
+            impl(a)
+        assert call.stage1_quant is None
+    assert decided == [1] and stats()["fast"] == 3
+
+
 def test_kept_verdicts_hold_no_tensor(stub, device, decided):
     a = sort_args(device)
     impl(a)
