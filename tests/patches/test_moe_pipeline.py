@@ -208,6 +208,21 @@ def test_disabling_one_feature_leaves_the_others_on_the_shared_wrappers(stub, de
     assert [getattr(fm.fused_moe, "__aiter_patches__", None), fm.fused_moe.__wrapped__.__aiter_patches__] == [EXT, SORT]
 
 
+def test_disabling_the_three_moe_features_leaves_aiters_own_functions(stub, monkeypatch):
+    """What README tells a host-bound eager server: with all three off, no MoE call passes a wrapper."""
+    import aiter
+    import aiter.fused_moe as fm
+
+    names = ("fused_moe", "_moe_sorting_impl", "fused_dynamic_mxfp4_quant_moe_sort", "fused_dynamic_mxfp8_quant_moe_sort")
+    before = {n: vars(fm)[n] for n in names}
+    monkeypatch.setenv("AITER_PATCHES_DISABLE", ",".join(MOE))
+    report = aiter_patches.apply()
+    assert all(report[n]["state"] == "disabled" for n in MOE)
+    assert report["gemm_out_zeroed"]["state"] == "applied"  # the GEMM patches stay
+    assert all(vars(fm)[n] is before[n] for n in names)
+    assert aiter.fused_dynamic_mxfp4_quant_moe_sort is before["fused_dynamic_mxfp4_quant_moe_sort"]
+
+
 def test_a_foreign_wrapper_over_the_pipeline_stays_in_the_chain_after_reapply(stub, device):
     """A server's functools.wraps wrapper over our fused_moe copies our mark with __dict__: a later
     apply() must build over that wrapper, not past it to AITER's function."""
