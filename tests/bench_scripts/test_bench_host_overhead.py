@@ -21,14 +21,19 @@ ENTRIES = ("moe_sorting", "_moe_sorting_impl", "_moe_sorting_impl + stage-1 MXFP
            "fused_moe(moe_addend=...)", "gemm ... out_zeroed=True")
 
 
+def run_bench(tmp_path, script: str, *args: str, timeout: int = 300) -> str:
+    """``bench/<script> *args --out F`` in a subprocess; the table it wrote."""
+    out = tmp_path / f"{Path(script).stem}.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # TRITON_INTERPRET=1 comes from conftest without a GPU
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args, "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out.read_text()
+
+
 @pytest.mark.parametrize("mode", [[], ["--fake-launch"]], ids=["interpreter", "fake-launch"])
 def test_smoke_writes_the_whole_table(tmp_path, mode):
-    out = tmp_path / "host.md"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # TRITON_INTERPRET=1 comes from conftest without a GPU
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_host_overhead.py"), "--smoke",
-                           "--out", str(out), *mode], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    table = out.read_text()
+    table = run_bench(tmp_path, "bench_host_overhead.py", "--smoke", *mode)
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [r.split(" | ")[0][2:] for r in rows] == list(ENTRIES)
     assert "2 alternating rounds" in table and all(r.count(" | ") == 8 for r in rows)  # the per-round ratios
@@ -36,12 +41,7 @@ def test_smoke_writes_the_whole_table(tmp_path, mode):
 
 
 def test_host_primitives_writes_its_table(tmp_path):
-    out = tmp_path / "prim.md"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_primitives.py"), "--calls", "1", "--reps", "1",
-                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    table = out.read_text()
+    table = run_bench(tmp_path, "host_primitives.py", "--calls", "1", "--reps", "1")
     for op in ("`torch.empty(n, dtype, device)`", "`t.view(dtype)`", "empty Triton launch, prepared"):
         assert f"| {op}" in table
 
@@ -51,12 +51,7 @@ def test_native_alloc_probe_builds_and_matches_the_python_allocations(tmp_path):
     it times them; without a compiler it says the build failed and times the Python side only."""
     import shutil
 
-    out = tmp_path / "native.md"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_alloc_probe.py"), "--calls", "1", "--reps", "1",
-                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    table = out.read_text()
+    table = run_bench(tmp_path, "native_alloc_probe.py", "--calls", "1", "--reps", "1", timeout=600)
     rows = [line for line in table.splitlines() if line.startswith("| sort")]
     assert len(rows) == 8
     built = shutil.which(os.environ.get("CXX", "g++")) is not None
