@@ -178,10 +178,11 @@ def run(args) -> str:
 
 
 def _same(py, cc) -> None:
-    """The C++ allocations are the Python ones: shapes, dtypes, devices, strides."""
-    assert len(py) == len(cc), (len(py), len(cc))
-    for a, b in zip(py, cc):
-        assert (a.shape, a.dtype, a.device, a.stride()) == (b.shape, b.dtype, b.device, b.stride()), (a, b)
+    """The C++ allocations are the Python ones (shapes, dtypes, devices, strides), or the probe stops."""
+    got = [(t.shape, t.dtype, t.device, t.stride()) for t in cc]
+    want = [(t.shape, t.dtype, t.device, t.stride()) for t in py]
+    if got != want:
+        raise SystemExit(f"the C++ allocations differ from the Python ones: {got} != {want}")
 
 
 def main():

@@ -558,3 +558,24 @@ def test_quant_is_handed_back_only_for_the_call_it_was_made_for(stub, device, ch
     rows = (s[0][:n] & 0xFFFFFF).unique()
     rows = rows[rows < M].long()
     assert torch.equal(got[0].view(torch.uint8)[rows], want[0].view(torch.uint8)[rows])
+
+
+def test_a_quant_helper_call_short_of_an_argument_gets_aiters_type_error(stub, device):
+    """The hand-back is only for a call AITER would serve: without ``topk`` AITER raises its TypeError,
+    and the patched helper lets it (it used to hand the sort's quant back to that call)."""
+    import aiter.fused_moe as fm
+
+    M, E, topk, dim, block = 4, 8, 2, 256, 32
+    ids, w = routing(M, E, topk, device)
+    x = torch.randn(M, dim, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(device)
+    aiter_patches.apply([NAME])
+    call = moe_call.MoeCall(hidden_states=x, quant_dtype=stub.dtypes.fp4x2)
+    with moe_call.scope(call):
+        s = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
+        assert call.stage1_quant is not None and stats()["fast"] == 1
+        with pytest.raises(TypeError, match="topk"):
+            fm.fused_dynamic_mxfp4_quant_moe_sort(x, sorted_ids=s[0], num_valid_ids=s[3], token_num=M,
+                                                  block_size=block, sorted_weights=s[1])
+    assert not call.stage1_quant.consumed and stats()["fast"] == 1
+    assert any(r.startswith("stage-1 quant not taken from the sort: required argument not given: topk")
+               for r in stats()["fallback"]), stats()["fallback"]
