@@ -95,6 +95,14 @@ from bench import harness  # noqa: E402
 FP4 = torch.float4_e2m1fn_x2
 
 
+def publish(table: str, out: Path | None) -> None:
+    """A host benchmark's table: printed, and written to ``out`` when given."""
+    print(table)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table)
+
+
 class Clock:
     def __init__(self, device, calls, reps, warmup=3):
         self.device, self.calls, self.reps, self.warmup = device, calls, reps, warmup
@@ -400,11 +408,7 @@ def _table(rows, device, empty_ordinary, empty_direct, args, elapsed) -> str:
 
 
 def main():
-    table = run(ARGS)
-    print(table)
-    if ARGS.out:
-        ARGS.out.parent.mkdir(parents=True, exist_ok=True)
-        ARGS.out.write_text(table)
+    publish(run(ARGS), ARGS.out)
 
 
 if __name__ == "__main__":

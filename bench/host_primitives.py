@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
 
 from aiter_patches.kernels import fast_launch  # noqa: E402
 from bench import harness  # noqa: E402
-from bench.bench_host_overhead import Clock  # noqa: E402
+from bench.bench_host_overhead import Clock, publish  # noqa: E402
 
 
 def _parse():
@@ -90,10 +90,7 @@ def main():
              f"{torch.__version__}, Python {sys.version.split()[0]}.", "", "| operation | µs |", "|---|---:|"]
     lines += [f"| {n} | {v:.2f} |" for n, v in rows(dev, args.calls, args.reps)]
     lines += ["", "Command: `python bench/host_primitives.py " + " ".join(sys.argv[1:]) + "`"]
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if args.out:
-        args.out.write_text(table)
+    publish("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

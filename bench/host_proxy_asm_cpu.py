@@ -33,7 +33,7 @@ from aiter_patches.kernels import hip_blockscale_asm as hb  # noqa: E402
 from aiter_patches.patches import gemm_out_zeroed as patch  # noqa: E402
 from aiter_patches.reference.blockscale_gemm import shuffle_weight_16x16  # noqa: E402
 from aiter_patches.testing import use_stub_aiter  # noqa: E402
-from bench.bench_host_overhead import Clock  # noqa: E402
+from bench.bench_host_overhead import Clock, publish  # noqa: E402
 
 SHAPES = [(1, 7168, 2048), (64, 7168, 2048), (1, 1536, 7168), (64, 24576, 1536)]  # (M, N, K), decode GEMMs
 SPLIT = 4
@@ -107,10 +107,7 @@ def run(calls: int) -> str:
 
 def main():
     args = _parse()
-    table = run(args.calls)
-    print(table)
-    if args.out:
-        args.out.write_text(table)
+    publish(run(args.calls), args.out)
 
 
 if __name__ == "__main__":

@@ -324,11 +324,7 @@ def run(args) -> str:
 
 def main(argv=None):
     args = _parse(argv)
-    text = run(args)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    bho.publish(run(args), args.out)
 
 
 if __name__ == "__main__":
