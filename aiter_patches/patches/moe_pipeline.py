@@ -9,7 +9,7 @@ steps in the order of the table below, passing one plan (:class:`moe_call.MoeCal
 per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
 :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
 writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
-read the bound arguments: ``arguments`` and ``problems``, ``bind()`` and ``arguments_key()`` on the sort's step); under :func:`checking` an undeclared
+read the bound arguments: ``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the sort's step); under :func:`checking` an undeclared
 access raises :class:`UndeclaredField`.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
@@ -104,7 +104,7 @@ STEPS: dict[str, tuple] = {
         ("moe_addend_fold", "start_from_addend"),
     ),
 }
-ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "picker", "pick"})
+ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "layout", "picker", "pick"})
 
 
 class UndeclaredField(AttributeError):
@@ -186,6 +186,11 @@ class SortStep:
         reads them (raises :class:`call_key.Unkeyable`): what ``bind()`` returns is a function of it."""
         return call_key.args_key(self._args, self._kwargs), self._binder
 
+    def layout(self) -> tuple:
+        """How the arguments are given (the binder, the positional count, the keyword names): calls
+        of one layout bind alike, with the same problems, and share their pickers."""
+        return self._binder, len(self._args), tuple(self._kwargs)
+
     def picker(self, names: tuple) -> Callable[["SortStep"], tuple]:
         """For calls whose arguments are given like this one's (same count, same keywords: the
         :meth:`arguments_key` says so), ``f(step) -> the values of names`` as ``bind()`` gives
@@ -198,11 +203,28 @@ class SortStep:
         if all(type(i) is int for i in where) and len(where) > 1:
             get = operator.itemgetter(*where)
             return lambda step: get(step._args)
-        return lambda step: tuple(step._args[i] if type(i) is int else step._kwargs.get(i) for i in where)
+        return _straight_picker(tuple(where))
 
     def pick(self, picker) -> tuple:
         """``picker(self)``: see :meth:`picker`."""
         return picker(self)
+
+
+_PICKERS: dict[tuple, Callable] = {}
+
+
+def _straight_picker(where: tuple) -> Callable:
+    """``f(step)``: for each entry, ``step._args[i]`` (an int) or ``step._kwargs.get(name)``, as one
+    generated expression (a generator over the entries costs a frame per value: issue 15)."""
+    got = _PICKERS.get(where)
+    if got is None:
+        items = [f"a[{i}]" if type(i) is int else f"k.get({i!r})" for i in where]
+        ns: dict[str, Any] = {}
+        exec(f"def pick(step):\n    a, k = step._args, step._kwargs\n    return ({', '.join(items)},)\n", ns)  # noqa: S102 - positions and parameter names only
+        got = ns["pick"]
+        if len(_PICKERS) < 256:
+            _PICKERS[where] = got
+    return got
 
 
 # ---------------------------------------------------------------- declared access

@@ -224,6 +224,8 @@ class SortMxQuant(moe_pipeline.Feature):
 
     def forget(self) -> None:
         VERDICTS.clear()
+        _NOTHING_SAVED.clear()
+        _SHORTCUT_LAYOUTS.clear()
         _CONFIGS.clear()
         _OPUS_WORKSPACE.clear()
 
@@ -243,6 +245,11 @@ class SortMxQuant(moe_pipeline.Feature):
         if step.outputs is not None:
             return
         counters = site.counters
+        if step.addend_offer is None and (call is None or call.quant_dtype is None or call.stage1_quant is not None):
+            reason = nothing_to_save(step)
+            if reason is not None:
+                counters.fallback(reason)
+                return
         key = _verdict_key(step, call)
         verdict = VERDICTS.get(key) if key is not None else None
         if verdict is None:
@@ -411,6 +418,62 @@ def sort_only_reason(bound: dict, kernel) -> str | None:
         return (f"sort only, nothing saved: AITER's opus sort takes {theirs} launch(es), "
                 f"the one-launch sort {ours}")
     return None
+
+
+_SHORTCUT_NAMES = ("topk_ids", "num_experts", "dispatch_policy", "use_opus", "output_aux", "return_local_topk_ids")
+_SHORTCUT_LAYOUTS: dict[tuple, Any] = {}  # (binder, positional count, keyword names) -> picker, or False
+_NOTHING_SAVED: dict[tuple, str | None] = {}  # what nothing_to_save reads -> its answer
+_FLAG_TYPES = (type(None), bool, int)
+
+
+def nothing_to_save(step) -> str | None:
+    """The hand-back of a sort-only call (no quant to make, no addend to write) whose AITER sort is
+    one launch already, decided without the verdict key (issue 15): the plain ``fused_moe`` call of
+    bf16 and fp8 weights at decode sizes, and the sort alone there, cost the host no more than this.
+
+    Exact in its outcome: the full gate hands such a call to AITER too (``sort_only_reason``); the
+    reason counted is that one, met first (the full gate may have met another first: a kernel limit,
+    a device without Triton; either way the call is AITER's). AITER's workspace query failing is
+    counted as the full gate counts it (not remembered: asked again next call). None: the full gate
+    decides (arguments the pin does not explain, a flag that is set or not a Python value, a tensor
+    where the gate reads a value, AITER's sort more than one launch, torch.compile tracing).
+    """
+    layout = step.layout()
+    pick = _SHORTCUT_LAYOUTS.get(layout)
+    if pick is None:
+        pick = False if step.bind()[1] else step.picker(_SHORTCUT_NAMES)
+        if len(_SHORTCUT_LAYOUTS) < 64:
+            _SHORTCUT_LAYOUTS[layout] = pick
+    if pick is False:
+        return None
+    ids, experts, policy, use_opus, aux, local = step.pick(pick)
+    if (type(ids) is not torch.Tensor or type(experts) is not int or type(policy) not in _FLAG_TYPES
+            or type(use_opus) not in _FLAG_TYPES or type(aux) not in _FLAG_TYPES or type(local) not in _FLAG_TYPES
+            or aux or local or not use_opus or ids.dim() != 2 or call_key._compiling()):
+        return None
+    M, topk = ids.shape
+    key = (aiter_sort_launches, kernel_launch_count(), M, experts, topk, policy or 0,
+           getattr(sys.modules.get("aiter"), "moe_sorting_opus_get_workspace_size", None))
+    try:
+        return _NOTHING_SAVED[key]
+    except KeyError:
+        pass
+    try:
+        theirs = aiter_sort_launches(M, experts, topk, policy or 0)
+    except Exception:  # noqa: BLE001 - as the full gate: to AITER, counted, asked again next call
+        return WORKSPACE_UNKNOWN
+    reason = None
+    if theirs == 1:
+        ours = key[1](M, topk, quant=False, fused=False)
+        reason = (f"sort only, nothing saved: AITER's opus sort takes {theirs} launch(es), "
+                  f"the one-launch sort {ours}")
+    if len(_NOTHING_SAVED) < 1024:
+        _NOTHING_SAVED[key] = reason
+    return reason
+
+
+def kernel_launch_count():
+    return (_KERNEL[0] if _KERNEL else _kernel()).launch_count
 
 
 # Read by value (truthiness, sizes, policy): a tensor there would be read on the device (a sync) and

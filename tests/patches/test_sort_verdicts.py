@@ -112,7 +112,9 @@ def test_a_change_of_what_the_gate_reads_is_decided_again(stub, device, decided,
             impl(a)
         except Exception:  # noqa: BLE001 - AITER's own outcome for the changed call
             pass
-    assert decided == [1, 1], change
+    # a sort-only call AITER sorts in one launch is handed back before the verdict key (nothing_to_save)
+    shortcut = change in ("dispatch policy", "AITER's launch count")
+    assert decided == ([1] if shortcut else [1, 1]), change
     if reason is None:
         assert stats()["fast"] == 3 and stats()["fallback"] == {}
     else:
