@@ -92,6 +92,170 @@ def _keyer(types: tuple):
     return fn
 
 
+def split_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
+    """``(key, tensors)``: the call's key as :func:`args_key` gives it, less the plain tensors' strides,
+    dtypes, devices and ``requires_grad``, which a :func:`tensor_guard` over ``tensors`` (those tensors,
+    in order) checks instead; their types are in the key (its first item names the arguments' layout:
+    every positional type, every keyword's name and type, in order) and so are their shapes (a decode
+    step's token count changes call to call: keyed, never scanned). Raises :class:`Unkeyable` as
+    :func:`args_key` does. Why: reading and hashing a tensor's metadata in Python costs the host about
+    as much as the check it saves (issue 15); torch's own guard checks it in C++."""
+    if _compiling():
+        raise Unkeyable("torch.compile tracing")
+    layout = (*map(type, args), *kwargs, *map(type, kwargs.values()))
+    split = _SPLITTERS.get(layout)
+    if split is None:
+        split = _splitter(layout, len(args), tuple(kwargs))
+    if split is False:
+        return args_key(args, kwargs), ()
+    return split(args, kwargs)
+
+
+_SPLITTERS: dict[tuple, Any] = {}  # layout -> straight-line split function (False: args_key, all in the key)
+
+
+def _splitter(layout: tuple, n: int, names: tuple):
+    """``f(args, kwargs) -> (key, tensors)`` for one layout (plain tensors, value types and Enum members
+    only; anything else, or past :data:`MAX_KEYERS` layouts: False, the call keyed by :func:`args_key`).
+    The key's first item is ``f`` itself: one object per layout, alive as long as any key holds it."""
+    if len(_SPLITTERS) >= MAX_KEYERS:
+        return False
+    types = layout[:n] + layout[n + len(names):]
+    if not all(t in KEYED_TENSOR_TYPES or t in _VALUE_TYPES or issubclass(t, enum.Enum) for t in types):
+        fn = False
+    else:
+        where = [f"a[{i}]" for i in range(n)] + [f"k[{name!r}]" for name in names]
+        items, tensors = [], []
+        for w, t in zip(where, types):
+            if t in KEYED_TENSOR_TYPES:
+                items.append(f"{w}.shape")
+                tensors.append(w)
+            else:
+                items.append(f"{w}.hex()" if t is float else w)
+        ns: dict[str, Any] = {}
+        exec(f"def split(a, k):\n    return (S, {', '.join(items)}), ({', '.join(tensors)}{',' if tensors else ''})\n", ns)  # noqa: S102 - positions and parameter names only
+        fn = ns["S"] = ns["split"]
+    _SPLITTERS[layout] = fn
+    return fn
+
+
+def value_split(v) -> tuple[tuple, tuple]:
+    """One argument as :func:`split_key` splits it: ``(key part, (v,) for a plain tensor else ())``."""
+    t = type(v)
+    if t in KEYED_TENSOR_TYPES:
+        return (t, v.shape), (v,)
+    return value_key(v), ()
+
+
+def _always(*tensors) -> bool:
+    return True
+
+
+def tensor_guard(tensors: tuple):
+    """``check(*tensors) -> bool``: True when called with tensors of these types, shapes, strides, dtypes,
+    devices and ``requires_grad``. torch's own ``TensorGuards`` where it passed :func:`native_guards`' self
+    test (it also checks the dispatch keys, and on some torch versions the grad mode: finer, never
+    coarser; it fails a call that passes one tensor twice, so such tensors get the Python guard); else
+    the same fields read in Python. It holds no tensor (a guard made during a CUDA-graph
+    capture keeps nothing of it)."""
+    if not tensors:
+        return _always
+    native = _NATIVE[0] if _NATIVE else native_guards()
+    if native is not None and len(set(map(id, tensors))) == len(tensors):  # it refuses one tensor given twice
+        return native(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                      dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+    fields = tuple(_fields(t) for t in tensors)
+    return lambda *ts: tuple(_fields(t) for t in ts) == fields
+
+
+def _fields(t) -> tuple:
+    return (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+_NATIVE: list = []  # [TensorGuards or None], decided once
+
+
+def native_guards():
+    """torch's ``TensorGuards`` (``torch._C._dynamo.guards``, what torch.compile checks its graphs'
+    tensors with) if it is there and tells apart, here, every field this module keys; else None (the
+    Python guard). Decided once per process."""
+    if _NATIVE:
+        return _NATIVE[0]
+    got = None
+    try:
+        import gc
+        import weakref
+
+        from torch._C._dynamo.guards import TensorGuards
+
+        class _Sub(torch.Tensor):
+            pass
+
+        def make(t):
+            return TensorGuards(t, dynamic_dims_sizes=[list(t.shape)], dynamic_dims_strides=[list(t.stride())]).check
+
+        base = torch.zeros(2, 3)
+        check = make(base)
+        alive = weakref.ref(base)
+        del base
+        gc.collect()
+        others = [torch.zeros(3, 2), torch.zeros(3, 2).t(), torch.zeros(2, 3, dtype=torch.float64),
+                  torch.zeros(2, 3, requires_grad=True), torch.nn.Parameter(torch.zeros(2, 3)),
+                  torch.zeros(2, 3).as_subclass(_Sub), torch.zeros(2, 3, device="meta")]
+        if torch.cuda.is_available():
+            others.append(torch.zeros(2, 3, device="cuda"))
+        if alive() is None and check(torch.ones(2, 3)) is True and not any(check(o) for o in others):
+            got = TensorGuards
+    except Exception:  # noqa: BLE001 - no such API in this torch, or it differs: the Python guard
+        got = None
+    _NATIVE.append(got)
+    return got
+
+
+class GuardedVerdicts:
+    """A gate's verdicts by :func:`split_key`-style key and :func:`tensor_guard`, at most ``limit`` of them.
+
+    Under one key, up to :data:`MAX_PER_KEY` verdicts, each with the guard of the tensors it was
+    decided for (the same shapes, other strides or dtypes, say); a get is one dict lookup and the
+    guards' checks, in order. ``hits`` and ``misses`` are diagnostics, as in :class:`Verdicts`; a put
+    is locked and replaces the key's tuple (a get in another thread reads the old one or the new one)."""
+
+    MAX_PER_KEY = 8
+    __slots__ = ("name", "limit", "_d", "_lock", "hits", "misses", "_n")
+
+    def __init__(self, name: str, limit: int = 1024):
+        self.name, self.limit = name, limit
+        self._d: dict[tuple, tuple] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = self._n = 0
+
+    def get(self, key, tensors: tuple):
+        for check, verdict in self._d.get(key, ()):
+            if check(*tensors):
+                self.hits += 1
+                return verdict
+        self.misses += 1
+        return None
+
+    def put(self, key, tensors: tuple, verdict) -> None:
+        if torch.compiler.is_compiling():  # Dynamo: decided per trace, as the gate did
+            return
+        entry = (tensor_guard(tensors), verdict)
+        with self._lock:
+            got = self._d.get(key, ())
+            if self._n < self.limit and len(got) < self.MAX_PER_KEY:
+                self._d[key] = got + (entry,)
+                self._n += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.hits = self.misses = self._n = 0
+
+
 class Verdicts:
     """A gate's verdicts by key, at most ``limit`` of them (past it the gate runs per call).
 

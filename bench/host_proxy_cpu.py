@@ -152,10 +152,10 @@ def breakdown(aiter, fm, E, K, D, M, n=2000, rounds=7) -> str:
         return moe_pipeline.SortStep(binder, impl_args, {}), moe_call.MoeCall(hidden_states=x, quant_dtype=fp4)
 
     st, cl = step_q()
-    key_q = smq._verdict_key(st, cl)
+    key_q, tensors_q = smq._verdict_key(st, cl)
     sort_fn(*impl_args)  # the verdicts of both
     with_quant(lambda: sort_fn(*impl_args))()
-    verdict_q = smq.VERDICTS.get(key_q)
+    verdict_q = smq.VERDICTS.get(key_q, tensors_q)
     assert verdict_q is not None and verdict_q.launch, verdict_q
     api = smq._kernel().moe_sort_mx_quant
     picked = st.pick(verdict_q.picker)
@@ -202,9 +202,9 @@ def breakdown(aiter, fm, E, K, D, M, n=2000, rounds=7) -> str:
         "  MoeCall + scope (the bench's own, in both)": with_quant(lambda: None),
         "  SortStep(...)": lambda: moe_pipeline.SortStep(binder, impl_args, {}),
         "  `_verdict_key` (sort + quant)": lambda: smq._verdict_key(st, cl),
-        "    its arguments' key (`step.arguments_key`)": st.arguments_key,
-        "    `call_key.value_key(hidden_states)`": lambda: call_key.value_key(x),
-        "  `VERDICTS.get`": lambda: smq.VERDICTS.get(key_q),
+        "    its arguments' key and tensors (`step.arguments_key`)": st.arguments_key,
+        "    `call_key.value_split(hidden_states)`": lambda: call_key.value_split(x),
+        "  `VERDICTS.get` (the key's lookup and the tensors' guard)": lambda: smq.VERDICTS.get(key_q, tensors_q),
         "  `predict_stage1_quant` (in `fused_moe`, not in this call)": lambda: smq.predict_stage1_quant(fbound),
         "  `step.pick(picker)`": lambda: st.pick(verdict_q.picker),
         "  kernel API `moe_sort_mx_quant(checked=True)` (+ quant)": api_quant,
@@ -228,8 +228,9 @@ def breakdown(aiter, fm, E, K, D, M, n=2000, rounds=7) -> str:
     gkw = dict(splitK=bho.GEMM_SPLIT)
     gemm_fn = sys.modules["aiter.ops.gemm_op_a8w8"].gemm_a8w8_blockscale_bpreshuffle_asm
     gemm_fn(*gargs, out_zeroed=True, **gkw)
-    gkey = (call_key.args_key(gargs, gkw), goz._environment())
-    gplan, gget = goz.VERDICTS.get(gkey)
+    gsplit, gtensors = call_key.split_key(gargs, gkw)
+    gkey = (gsplit, goz._environment())
+    gplan, gget = goz.VERDICTS.get(gkey, gtensors)
     gk = goz._kernel()
     gops = gget(gargs, gkw)
     kplan = gplan.plan
@@ -242,10 +243,10 @@ def breakdown(aiter, fm, E, K, D, M, n=2000, rounds=7) -> str:
         "gemm out_zeroed=True, whole call": gemm_patched,
         "gemm original call (out_zeroed=False: memset + launch)": gemm_original,
         "  `_stand_in(sys.modules.get('aiter'))`": lambda: goz._stand_in(sys.modules.get("aiter")),
-        "  `call_key.args_key` (five tensors, splitK)": lambda: call_key.args_key(gargs, gkw),
+        "  `call_key.split_key` (five tensors, splitK)": lambda: call_key.split_key(gargs, gkw),
         "  `_environment()`": goz._environment,
-        "  the verdict key (both parts)": lambda: (call_key.args_key(gargs, gkw), goz._environment()),
-        "  `VERDICTS.get` (the GEMM key)": lambda: goz.VERDICTS.get(gkey),
+        "  the verdict key (both parts)": lambda: (call_key.split_key(gargs, gkw), goz._environment()),
+        "  `VERDICTS.get` (the GEMM key and the five tensors' guard)": lambda: goz.VERDICTS.get(gkey, gtensors),
         "  operand getter": lambda: gget(gargs, gkw),
         "  `run_plan`": lambda: gk.run_plan(kplan, *gops),
         "    workspace `torch.empty`": lambda: torch.empty(kplan.ws_numel, dtype=torch.float32, device=A.device),

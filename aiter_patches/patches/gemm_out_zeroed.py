@@ -85,7 +85,7 @@ def _aiter_root() -> str | None:
 # Verdicts of the gate by call_key: every check below reads the arguments' metadata, the grad mode
 # and what _environment() / _asm_environment() name only (real AITER's .co branch: its file system and
 # device answers are read once per process by hip_blockscale_asm, and the key names those functions).
-VERDICTS = call_key.Verdicts(NAME)
+VERDICTS = call_key.GuardedVerdicts(NAME)
 _OPERANDS = ("A", "B", "out", "A_scale", "B_scale")
 
 
@@ -129,26 +129,27 @@ def _wrapper(inner, site):
     binder = site.binder
     counters = site.counters
     verdicts = VERDICTS
-    args_key, Unkeyable = call_key.args_key, call_key.Unkeyable
+    split_key, Unkeyable = call_key.split_key, call_key.Unkeyable
     verdicts.clear()  # built at apply (and at a revert that rebuilds the chain): decide afresh
 
     def gemm_a8w8_blockscale_bpreshuffle_asm(*args, out_zeroed=False, **kwargs):
         if not out_zeroed:
             return inner(*args, **kwargs)
-        key = None
+        key, tensors = None, ()
         aiter = sys.modules.get("aiter")
         try:
-            key = (args_key(args, kwargs), _environment(aiter) if _stand_in(aiter) else _asm_environment(aiter))
+            split, tensors = split_key(args, kwargs)
+            key = (split, _environment(aiter) if _stand_in(aiter) else _asm_environment(aiter))
         except Unkeyable:
             pass
         try:
-            got = verdicts.get(key) if key is not None else None
+            got = verdicts.get(key, tensors) if key is not None else None
         except TypeError:  # a replaced AITER module or function that does not hash: decided in full
             key = got = None
         if got is None:
             plan, operands = _decide(binder, args, kwargs)
-            if key is not None:  # the verdict follows from what the key holds
-                verdicts.put(key, (plan, _operand_getter(binder, args, kwargs) if operands else None))
+            if key is not None:  # the verdict follows from what the key and the tensors' guard hold
+                verdicts.put(key, tensors, (plan, _operand_getter(binder, args, kwargs) if operands else None))
         else:
             plan, get = got
             operands = get(args, kwargs) if get is not None else None

@@ -181,10 +181,12 @@ class SortStep:
             self._bound = self._binder.bind(self._args, self._kwargs)
         return self._bound
 
-    def arguments_key(self) -> tuple:
-        """The call's arguments as given, keyed by :func:`call_key.args_key` with the binder that
-        reads them (raises :class:`call_key.Unkeyable`): what ``bind()`` returns is a function of it."""
-        return call_key.args_key(self._args, self._kwargs), self._binder
+    def arguments_key(self) -> tuple[tuple, tuple]:
+        """``(key, tensors)``: the call's arguments as given, split by :func:`call_key.split_key` (the
+        binder that reads them in the key; raises :class:`call_key.Unkeyable`): what ``bind()`` returns
+        is a function of the key and of the tensors' metadata that a guard over ``tensors`` checks."""
+        key, tensors = call_key.split_key(self._args, self._kwargs)
+        return (key, self._binder), tensors
 
     def layout(self) -> tuple:
         """How the arguments are given (the binder, the positional count, the keyword names): calls

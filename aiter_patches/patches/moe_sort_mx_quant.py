@@ -250,12 +250,12 @@ class SortMxQuant(moe_pipeline.Feature):
             if reason is not None:
                 counters.fallback(reason)
                 return
-        key = _verdict_key(step, call)
-        verdict = VERDICTS.get(key) if key is not None else None
+        key, tensors = _verdict_key(step, call)
+        verdict = VERDICTS.get(key, tensors) if key is not None else None
         if verdict is None:
             verdict = _decide(step, call)
             if key is not None and verdict.keep:
-                VERDICTS.put(key, verdict)
+                VERDICTS.put(key, tensors, verdict)
         for reason in verdict.reasons:
             counters.fallback(reason)
         if not verdict.launch:
@@ -312,34 +312,44 @@ _LAUNCH_ARGS = ("topk_ids", "topk_weights", "num_experts", "model_dim", "moebuf_
                 "expert_mask", "num_local_tokens", "output")
 
 
-# Verdicts by _verdict_key (never a tensor: metadata, Python values, and the functions and limits read).
-VERDICTS = call_key.Verdicts(NAME)
+# Verdicts by _verdict_key (never a tensor: metadata, Python values, the functions and limits read, and
+# torch's guard of the tensors' metadata).
+VERDICTS = call_key.GuardedVerdicts(NAME)
 
 
 def _verdict_key(step, call):
-    """Everything :func:`_decide` reads, or None (an unkeyable argument, or torch.compile tracing).
+    """``(key, tensors)``: everything :func:`_decide` reads, the tensors' strides, dtypes, devices and
+    ``requires_grad`` left to a guard over ``tensors`` (``call_key.split_key``); ``(None, ())``: an
+    unkeyable argument, or torch.compile tracing.
 
-    It also holds everything the kernel API's plan key reads (the arguments' sizes, strides, devices
-    and flags are in the arguments', the activations' and the addend's keys; the verdict fixes the
-    quant, the init and the zero-fill; the rest is ``plan_key_reads()``), so a launching verdict keeps
-    the kernel plan its first launch used and a hit launches it without a second key (issue 15)."""
+    It also holds everything the kernel API's plan key reads (the arguments', the activations' and
+    the addend's metadata are in the key and the guard; the verdict fixes the quant, the init and the
+    zero-fill; the rest is ``plan_key_reads()``), so a launching verdict keeps the kernel plan its
+    first launch used and a hit launches it without a second key (issue 15)."""
     kernel = _KERNEL[0] if _KERNEL else _kernel()
     try:
-        args = step.arguments_key()
+        args, tensors = step.arguments_key()
         offer = step.addend_offer
-        # the activations are read only where a quant is predicted (_request): keyed only then
-        state = None if call is None else (
-            call.quant_dtype, call.stage1_quant is None,
-            None if call.hidden_states is None or call.quant_dtype is None else call_key.value_key(call.hidden_states))
-        return (args, state, None if offer is None else call_key.value_key(offer),
+        state = None
+        if call is not None:
+            # the activations are read only where a quant is predicted (_request): keyed only then
+            seen = None
+            if call.hidden_states is not None and call.quant_dtype is not None:
+                seen, more = call_key.value_split(call.hidden_states)
+                tensors += more
+            state = (call.quant_dtype, call.stage1_quant is None, seen)
+        if offer is not None:
+            offer, more = call_key.value_split(offer)
+            tensors += more
+        return (args, state, offer,
                 runtime.triton_backend_reason, os.environ.get("TRITON_INTERPRET"),
                 python_level_reason, sort_only_reason, aiter_sort_launches,
                 getattr(sys.modules.get("aiter"), "moe_sorting_opus_get_workspace_size", None),
                 kernel.unsupported_reason, kernel.launch_count, kernel.MAX_TOPK, kernel.MAX_EXPERTS,
                 kernel.MAX_MODEL_DIM, kernel.ONE_LAUNCH_MAX_PAIRS, kernel.INT32_LIMIT, kernel.run_kept,
-                kernel.plan_key_reads())  # the kept kernel plan's own key reads (tunables, kernels)
+                kernel.plan_key_reads()), tensors  # the kept kernel plan's own key reads (tunables, kernels)
     except call_key.Unkeyable:
-        return None
+        return None, ()
 
 
 def _decide(step, call) -> SortVerdict:

@@ -106,3 +106,165 @@ def test_past_the_keyer_limit_no_code_is_generated(monkeypatch):
     assert call_key._keyer((torch.Tensor, int)) is False
     assert call_key.args_key((t, 3), {}) == flat((t, 3))
     assert len(call_key._KEYERS) == call_key.MAX_KEYERS
+
+
+# ---------------------------------------------------------------- split keys and tensor guards
+
+def verdict_of(args, kwargs, verdicts):
+    key, tensors = call_key.split_key(args, kwargs)
+    return verdicts.get(key, tensors)
+
+
+def remember(args, kwargs, verdicts, verdict):
+    key, tensors = call_key.split_key(args, kwargs)
+    verdicts.put(key, tensors, verdict)
+
+
+@pytest.fixture(params=["native", "python"])
+def guards(request, monkeypatch):
+    """Both guards: torch's TensorGuards (where this torch passes the self test) and the Python one."""
+    if request.param == "native":
+        if call_key.native_guards() is None:
+            pytest.skip("this torch's TensorGuards did not pass the self test")
+    else:
+        monkeypatch.setattr(call_key, "_NATIVE", [None])
+    return request.param
+
+
+@pytest.mark.parametrize("other", [
+    lambda t: t.t().contiguous().t(), lambda t: t.to(torch.float16), lambda t: t.reshape(4, 3),
+    lambda t: t.requires_grad_(), lambda t: torch.nn.Parameter(t), lambda t: t[:, ::2],
+    lambda t: t.to("meta"), lambda t: t.as_subclass(type("Sub", (torch.Tensor,), {})),
+])
+@pytest.mark.parametrize("where", ["positional", "keyword"])
+def test_a_split_key_and_its_guard_tell_apart_what_a_gate_reads_of_a_tensor(guards, other, where):
+    """Exactly what args_key tells apart (type, shape, strides, dtype, device, requires_grad), now
+    split between the key (type, shape) and the guard (the rest)."""
+    verdicts = call_key.GuardedVerdicts("t")
+    call = (lambda t: ((t, 7), {})) if where == "positional" else (lambda t: ((7,), {"x": t}))
+    remember(*call(torch.zeros(3, 4)), verdicts, "kept")
+    assert verdict_of(*call(torch.ones(3, 4)), verdicts) == "kept"  # other values, same metadata: the verdict
+    try:
+        changed = call(other(torch.zeros(3, 4)))
+        got = verdict_of(*changed, verdicts)
+    except call_key.Unkeyable:  # a tensor subclass: no key at all, as args_key
+        return
+    assert got is None
+    remember(*changed, verdicts, "other")
+    assert verdict_of(*changed, verdicts) == "other" and verdict_of(*call(torch.ones(3, 4)), verdicts) == "kept"
+
+
+def test_a_split_key_tells_apart_the_layout_and_the_values(guards):
+    t = torch.zeros(3, 4)
+    pairs = [
+        (((t, "x", 1), {}), ((t,), {"x": 1})),
+        (((t, 1), {}), ((t, True), {})),
+        (((t, 1.0), {}), ((t, 1), {})),
+        (((t, 0.0), {}), ((t, -0.0), {})),
+        (((), {"a": 1, "b": 2}), ((), {"b": 2, "a": 1})),
+        (((None, t), {}), ((t, None), {})),
+        (((t, t), {}), ((t,), {})),
+        (((t, Mode.A), {}), ((t, 1), {})),
+    ]
+    for a, b in pairs:
+        verdicts = call_key.GuardedVerdicts("t")
+        remember(*a, verdicts, "a")
+        assert verdict_of(*b, verdicts) is None, (a, b)
+        assert verdict_of(*a, verdicts) == "a"
+    verdicts = call_key.GuardedVerdicts("t")
+    remember((t, t), {}, verdicts, "twice")  # torch's guard fails one tensor given twice: the Python guard
+    assert verdict_of((t, t), {}, verdicts) == "twice"
+    assert verdict_of((t, torch.zeros(3, 4)), {}, verdicts) == "twice"
+    nan = lambda: float("nan") * 1.0  # noqa: E731 - a new float object per call
+    verdicts = call_key.GuardedVerdicts("t")
+    remember((t, nan()), {}, verdicts, "nan")
+    assert verdict_of((t, nan()), {}, verdicts) == "nan"
+
+
+def test_guarded_verdicts_hold_no_tensor(guards):
+    import gc
+    import weakref
+
+    t = torch.zeros(3, 4)
+    alive = weakref.ref(t)
+    verdicts = call_key.GuardedVerdicts("t")
+    remember((t, 2), {"k": t}, verdicts, "kept")
+    del t
+    gc.collect()
+    assert alive() is None, "a kept key or guard holds the call's tensor"
+    assert verdict_of((torch.zeros(3, 4), 2), {"k": torch.zeros(3, 4)}, verdicts) == "kept"
+
+
+def test_guarded_verdicts_bound_their_keys_and_their_guards_per_key():
+    verdicts = call_key.GuardedVerdicts("t", limit=3)
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+    for dt in dtypes:  # one key (same layout and shape), a guard per dtype, up to the limit
+        remember((torch.zeros(2, dtype=dt),), {}, verdicts, dt)
+    assert len(verdicts) == 3
+    assert [verdict_of((torch.zeros(2, dtype=dt),), {}, verdicts) for dt in dtypes] == [*dtypes[:3], None]
+    per_key = call_key.GuardedVerdicts("t")
+    for i in range(call_key.GuardedVerdicts.MAX_PER_KEY + 3):
+        remember((torch.zeros(2, dtype=dtypes[i % 4]).requires_grad_(i >= 4),), {}, per_key, i)
+    assert len(per_key) <= call_key.GuardedVerdicts.MAX_PER_KEY
+    per_key.clear()
+    assert len(per_key) == 0 and per_key.hits == per_key.misses == 0
+
+
+def test_split_key_refuses_what_args_key_refuses(monkeypatch):
+    for bad in ([1], {"a": 1}, object(), torch.zeros(1).as_subclass(type("Sub", (torch.Tensor,), {}))):
+        with pytest.raises(call_key.Unkeyable):
+            call_key.split_key((bad,), {})
+        with pytest.raises(call_key.Unkeyable):
+            call_key.split_key((), {"k": bad})
+    monkeypatch.setattr(call_key, "_compiling", lambda: True)
+    with pytest.raises(call_key.Unkeyable):
+        call_key.split_key((1,), {})
+
+
+def test_past_the_layout_limit_the_call_is_keyed_in_full(monkeypatch):
+    monkeypatch.setattr(call_key, "_SPLITTERS", {(i,): False for i in range(call_key.MAX_KEYERS)})
+    t = torch.zeros(2)
+    key, tensors = call_key.split_key((t, 3), {})
+    assert key == call_key.args_key((t, 3), {}) and tensors == ()
+
+
+def test_native_guards_self_test_refuses_a_guard_that_misses_a_field(monkeypatch):
+    """A torch whose TensorGuards does not tell some field apart (here: one ignoring strides) gets the Python guard."""
+    import torch._C._dynamo.guards as g
+
+    real = g.TensorGuards
+
+    class Blind:
+        def __init__(self, *tensors, dynamic_dims_sizes, dynamic_dims_strides):
+            self._g = real(*tensors, dynamic_dims_sizes=dynamic_dims_sizes,
+                           dynamic_dims_strides=[[None] * len(s) for s in dynamic_dims_strides])
+            self.check = self._g.check
+
+    monkeypatch.setattr(g, "TensorGuards", Blind)
+    monkeypatch.setattr(call_key, "_NATIVE", [])
+    assert call_key.native_guards() is None
+    check = call_key.tensor_guard((torch.zeros(3, 4),))
+    assert check(torch.ones(3, 4)) and not check(torch.zeros(4, 3).t())
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_guard_tells_devices_apart_and_a_capture_keeps_nothing(guards):
+    import gc
+    import weakref
+
+    t = torch.zeros(3, 4, device="cuda")
+    check = call_key.tensor_guard((t,))
+    assert check(torch.ones(3, 4, device="cuda")) and not check(torch.zeros(3, 4))
+    verdicts = call_key.GuardedVerdicts("t")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        made = torch.empty(3, 4, device="cuda")  # a tensor of the capture's pool
+        remember((made, 1), {}, verdicts, "kept")
+        alive = weakref.ref(made)
+        del made
+    torch.cuda.synchronize()
+    gc.collect()
+    assert alive() is None, "a guard made during the capture holds its tensor"
+    assert verdict_of((torch.zeros(3, 4, device="cuda"), 1), {}, verdicts) == "kept"
+    del graph

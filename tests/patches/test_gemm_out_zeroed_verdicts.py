@@ -25,7 +25,7 @@ NAME = "gemm_out_zeroed"
 
 @pytest.fixture
 def fresh(stub, monkeypatch):
-    monkeypatch.setattr(patch, "VERDICTS", call_key.Verdicts(NAME))
+    monkeypatch.setattr(patch, "VERDICTS", call_key.GuardedVerdicts(NAME))
     aiter_patches.apply([NAME])
     return patch.VERDICTS
 

@@ -30,7 +30,7 @@ def stats():
 @pytest.fixture
 def keyed(stub, monkeypatch):
     """Fresh verdicts; the list grows by one per call that builds the verdict key (the full gate's way)."""
-    monkeypatch.setattr(msq, "VERDICTS", call_key.Verdicts(NAME))
+    monkeypatch.setattr(msq, "VERDICTS", call_key.GuardedVerdicts(NAME))
     keys = []
     real = msq._verdict_key
     monkeypatch.setattr(msq, "_verdict_key", lambda step, call: keys.append(1) or real(step, call))

@@ -29,7 +29,7 @@ def stats():
 @pytest.fixture
 def decided(stub, monkeypatch):
     """Fresh verdicts; the list grows by one per call the gate decides in full."""
-    monkeypatch.setattr(msq, "VERDICTS", call_key.Verdicts(NAME))
+    monkeypatch.setattr(msq, "VERDICTS", call_key.GuardedVerdicts(NAME))
     calls = []
     real = msq._decide
     monkeypatch.setattr(msq, "_decide", lambda step, call: calls.append(1) or real(step, call))
