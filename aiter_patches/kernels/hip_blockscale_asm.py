@@ -368,6 +368,10 @@ def _find_hip_library() -> str | None:
     return ctypes.util.find_library("amdhip64")
 
 
+class _LoadFailed(str):
+    """Why a code object's load failed, kept in place of its function."""
+
+
 class AsmLauncher:
     """ctypes over the HIP runtime: loads each `.co` once per device, launches it on torch's current stream."""
 
@@ -393,19 +397,28 @@ class AsmLauncher:
             raise RuntimeError(f"{what} failed: {self._hip.hipGetErrorString(err).decode()} ({err})")
 
     def function(self, device_index: int, co_path: str, knl_name: str, gfx: str) -> ctypes.c_void_p:
-        """The kernel, loaded on first use; a code object whose metadata does not match `KERNEL_ARGS` is refused."""
+        """The kernel, loaded on first use; a code object whose metadata does not match `KERNEL_ARGS` is refused.
+
+        A load that failed is not tried again in this process: every later call raises the same error
+        at once (the caller hands the call to AITER), instead of a driver call and a file read per call."""
         key = (device_index, co_path, knl_name)
         with self._lock:
             fn = self._functions.get(key)
+            if type(fn) is _LoadFailed:
+                raise RuntimeError(f"{fn} (failed before in this process: not tried again)")
             if fn is None:
-                reason = _checked_code_object(co_path, knl_name, gfx)
-                if reason is not None:
-                    raise RuntimeError(f"not loading {co_path}: {reason}")
-                module, fn = ctypes.c_void_p(), ctypes.c_void_p()
-                with torch.cuda.device(device_index):
-                    self._check(self._hip.hipModuleLoad(ctypes.byref(module), co_path.encode()), "hipModuleLoad")
-                    self._check(self._hip.hipModuleGetFunction(ctypes.byref(fn), module, knl_name.encode()),
-                                "hipModuleGetFunction")
+                try:
+                    reason = _checked_code_object(co_path, knl_name, gfx)
+                    if reason is not None:
+                        raise RuntimeError(f"not loading {co_path}: {reason}")
+                    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+                    with torch.cuda.device(device_index):
+                        self._check(self._hip.hipModuleLoad(ctypes.byref(module), co_path.encode()), "hipModuleLoad")
+                        self._check(self._hip.hipModuleGetFunction(ctypes.byref(fn), module, knl_name.encode()),
+                                    "hipModuleGetFunction")
+                except RuntimeError as exc:
+                    self._functions[key] = _LoadFailed(exc)
+                    raise
                 self._functions[key] = fn
             return fn
 

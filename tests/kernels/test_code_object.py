@@ -5,6 +5,7 @@ launcher's argument buffer wrong for the kernel must be refused, with a reason t
 what differs. The altered copies are made in a temporary folder from the real files.
 """
 
+import contextlib
 import logging
 import shutil
 import struct
@@ -253,3 +254,30 @@ def test_packing_and_layout_are_one_table():
     assert all(buf[i] == 0 for i in range(256) if i not in covered)
     with pytest.raises(ValueError, match=r"missing \['KS'\], unknown \['ks'\]"):
         hb.pack_kernel_args({**{k: v for k, v in values.items() if k != "KS"}, "ks": 1})
+
+
+def test_a_failed_load_is_not_tried_again(aiter_root, monkeypatch):
+    """A code object HIP refuses to load (or a refused one) costs one driver call, not one per call:
+    later calls raise the same error at once, and the caller hands them to AITER."""
+    cfg = kernel_for_tile(aiter_root, "gfx942", 128)
+    loads = []
+
+    class FakeHip:
+        def hipModuleLoad(self, module, path):
+            loads.append(path)
+            return 98  # hipErrorInvalidImage
+
+        def hipGetErrorString(self, err):
+            return b"invalid device image"
+
+    monkeypatch.setattr(hb.torch.cuda, "device", lambda index: contextlib.nullcontext())
+    launcher = hb.AsmLauncher.__new__(hb.AsmLauncher)
+    launcher._functions, launcher._lock, launcher._hip = {}, threading.Lock(), FakeHip()
+    path = hb.code_object_path(aiter_root, "gfx942", cfg)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="hipModuleLoad failed: invalid device image"):
+            launcher.function(0, path, cfg.knl_name, "gfx942")
+    assert len(loads) == 1
+    with pytest.raises(RuntimeError, match="hipModuleLoad failed"):
+        launcher.function(1, path, cfg.knl_name, "gfx942")  # another device: its own load
+    assert len(loads) == 2
