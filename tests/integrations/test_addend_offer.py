@@ -70,3 +70,17 @@ def test_offer_refused_calls_as_given_counts_why_and_still_marks_the_scope():
                                      Binder(bound()), counters, True, lambda device: "s1")
     assert (out, folded, scope.offered) == ("out", False, True)
     assert calls == [(("x",), {})] and counters.reasons == ["the routed call runs on another stream than the shared experts"]
+
+
+def test_a_routed_call_short_of_an_argument_goes_as_given_with_the_binders_reason():
+    """With fused_moe's real pin: no KeyError out of the rule, AITER gets the call as given (and raises its own TypeError)."""
+    from aiter_patches.patches import pins
+    from aiter_patches.signatures import Binder
+
+    b = bound()
+    calls, scope, counters = [], Scope(torch.zeros(3, 16, dtype=torch.bfloat16)), Counters()
+    args = (b["hidden_states"], torch.zeros(4, 32, 16), b["w2"], torch.zeros(3, 2))  # no topk_ids
+    out, folded = addend_offer.offer(lambda *a, **k: calls.append((a, k)) or "out", args, {}, scope,
+                                     Binder(pins.FUSED_MOE[-1].signature), counters, True, same_stream)
+    assert (out, folded, scope.offered) == ("out", False, True)
+    assert calls == [(args, {})] and counters.reasons == ["required argument not given: topk_ids"]

@@ -276,3 +276,14 @@ def test_traced_hooks_pass_straight_through(sglang_tree, stub, device, on, monke
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
     s = aiter_patches.stats()
     assert s[NAME]["fast"] == 0 and s[NAME]["fallback"] == {} and s["moe_addend_fold"]["fast"] == 0
+
+
+def test_a_call_short_of_an_argument_gets_pythons_type_error(sglang_tree, stub, device, on):
+    """Not the hook's KeyError: the call goes to SGLang's method as given, counted with the binder's reason."""
+    import_all(stub)
+    layer, x = make_layer(device)
+    aiter_patches.apply()
+    with pytest.raises(TypeError):
+        layer.forward_normal()
+    s = aiter_patches.stats()[NAME]
+    assert s["fast"] == 0 and list(s["fallback"]) == ["required argument not given: hidden_states"], s

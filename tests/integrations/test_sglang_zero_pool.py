@@ -588,3 +588,14 @@ def test_a_slice_the_dispatcher_does_not_pass_on_is_not_counted_as_saved(pool_tr
         assert same(bits(log), ref)
     s = aiter_patches.stats()[NAME]
     assert s["fast"] == 4 and s["fallback"][pool_mod.NOT_TAKEN] == 2, s
+
+
+def test_a_forward_short_of_an_argument_gets_pythons_type_error(pool_tree, stub, tuned, launches, device, on):
+    """Not the hook's KeyError: the call goes to SGLang's forward as given, counted with the binder's reason."""
+    import_all()
+    model, _ = make_model(stub, device, 5, tuned)
+    aiter_patches.apply()
+    with pytest.raises(TypeError):
+        model.forward(torch.zeros(5, dtype=torch.long, device=device))
+    s = aiter_patches.stats()[NAME]
+    assert s["fast"] == 0 and list(s["fallback"]) == ["required arguments not given: positions, forward_batch"], s

@@ -337,3 +337,14 @@ def test_inside_a_compiled_region_nothing_is_folded(vllm_tree, stub, device, on,
     s = aiter_patches.stats()
     assert s[NAME]["fast"] == 0 and s[NAME]["fallback"] == {compile_state.IN_COMPILED_REGION: 1}, s[NAME]
     assert s["moe_addend_fold"]["fast"] == 0
+
+
+def test_a_call_short_of_an_argument_gets_pythons_type_error(vllm_tree, stub, device, on):
+    """Not the hook's KeyError: the call goes to vLLM's method as given, counted with the binder's reason."""
+    import_all(stub)
+    runner, x = make_runner(device)
+    aiter_patches.apply()
+    with pytest.raises(TypeError):
+        runner.forward(x)
+    s = aiter_patches.stats()[NAME]
+    assert s["fast"] == 0 and [r for r in s["fallback"] if r.startswith("required argument not given: ")], s
