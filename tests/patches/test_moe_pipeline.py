@@ -243,3 +243,24 @@ def test_a_foreign_wrapper_over_the_pipeline_stays_in_the_chain_after_reapply(st
     aiter_patches.apply(["moe_addend_fold"])
     fm.fused_moe(**args)
     assert calls, "the third party's wrapper was dropped from the chain"
+
+
+@pytest.mark.parametrize("where", ["moe_sorting", "fused_moe_2stages"])
+def test_a_call_that_raises_inside_aiter_leaves_no_plan_open(stub, device, monkeypatch, where):
+    """The plan's scope is reset in ``finally``: an exception from AITER's own code (at the sort, or after
+    it) must not leave this call's plan open for the next call on the thread."""
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, M, E, TOPK, DIM, INTER, "fp4")
+    aiter_patches.apply(list(MOE))
+    seen = []
+
+    def broken(*a, **k):
+        seen.append(moe_call.current())
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(fm, where, broken)  # looked up in aiter.fused_moe's globals at call time
+    with pytest.raises(RuntimeError, match="injected"):
+        fm.fused_moe(**args)
+    assert len(seen) == 1 and seen[0] is not None, "the plan was not open inside the call"
+    assert moe_call.current() is None
