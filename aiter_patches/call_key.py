@@ -108,7 +108,10 @@ def split_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
         split = _splitter(layout, len(args), tuple(kwargs))
     if split is False:
         return args_key(args, kwargs), ()
-    return split(args, kwargs)
+    try:
+        return split(args, kwargs)
+    except KeyError:  # a keyword name equal to a plain str's but hashing otherwise: keyed by args_key
+        return args_key(args, kwargs), ()
 
 
 _SPLITTERS: dict[tuple, Any] = {}  # layout -> straight-line split function (False: args_key, all in the key)
@@ -121,10 +124,12 @@ def _splitter(layout: tuple, n: int, names: tuple):
     if len(_SPLITTERS) >= MAX_KEYERS:
         return False
     types = layout[:n] + layout[n + len(names):]
-    if not all(t in KEYED_TENSOR_TYPES or t in _VALUE_TYPES or issubclass(t, enum.Enum) for t in types):
-        fn = False
+    if not all(t in KEYED_TENSOR_TYPES or t in _VALUE_TYPES or issubclass(t, enum.Enum) for t in types) or not all(
+            type(name) is str for name in names):
+        fn = False  # a keyword name of a str subclass (its own hash or eq): keyed by args_key
     else:
-        where = [f"a[{i}]" for i in range(n)] + [f"k[{name!r}]" for name in names]
+        ns: dict[str, Any] = {f"N{j}": name for j, name in enumerate(names)}  # names as constants, never as code
+        where = [f"a[{i}]" for i in range(n)] + [f"k[N{j}]" for j in range(len(names))]
         items, tensors = [], []
         for w, t in zip(where, types):
             if t in KEYED_TENSOR_TYPES:
@@ -132,8 +137,7 @@ def _splitter(layout: tuple, n: int, names: tuple):
                 tensors.append(w)
             else:
                 items.append(f"{w}.hex()" if t is float else w)
-        ns: dict[str, Any] = {}
-        exec(f"def split(a, k):\n    return (S, {', '.join(items)}), ({', '.join(tensors)}{',' if tensors else ''})\n", ns)  # noqa: S102 - positions and parameter names only
+        exec(f"def split(a, k):\n    return (S, {', '.join(items)}), ({', '.join(tensors)}{',' if tensors else ''})\n", ns)  # noqa: S102 - positions and N<j> only
         fn = ns["S"] = ns["split"]
     _SPLITTERS[layout] = fn
     return fn
@@ -178,12 +182,13 @@ _NATIVE: list = []  # [TensorGuards or None], decided once
 def native_guards():
     """torch's ``TensorGuards`` (``torch._C._dynamo.guards``, what torch.compile checks its graphs'
     tensors with) if it is there and tells apart, here, every field this module keys; else None (the
-    Python guard). Decided once per process."""
+    Python guard). Decided once per process, at the first :meth:`GuardedVerdicts.clear` (the patches
+    clear their verdicts when their wrappers are built: at apply) or the first guard made. Its tensors
+    are CPU and meta ones only: run inside a CUDA-graph capture, it records nothing."""
     if _NATIVE:
         return _NATIVE[0]
     got = None
     try:
-        import gc
         import weakref
 
         from torch._C._dynamo.guards import TensorGuards
@@ -194,17 +199,16 @@ def native_guards():
         def make(t):
             return TensorGuards(t, dynamic_dims_sizes=[list(t.shape)], dynamic_dims_strides=[list(t.stride())]).check
 
-        base = torch.zeros(2, 3)
+        cpu = torch.device("cpu")
+        base = torch.zeros(2, 3, device=cpu)
         check = make(base)
         alive = weakref.ref(base)
-        del base
-        gc.collect()
-        others = [torch.zeros(3, 2), torch.zeros(3, 2).t(), torch.zeros(2, 3, dtype=torch.float64),
-                  torch.zeros(2, 3, requires_grad=True), torch.nn.Parameter(torch.zeros(2, 3)),
-                  torch.zeros(2, 3).as_subclass(_Sub), torch.zeros(2, 3, device="meta")]
-        if torch.cuda.is_available():
-            others.append(torch.zeros(2, 3, device="cuda"))
-        if alive() is None and check(torch.ones(2, 3)) is True and not any(check(o) for o in others):
+        del base  # freed at once unless the guard holds it (no cycle: no collection needed)
+        others = [torch.zeros(3, 2, device=cpu), torch.zeros(3, 2, device=cpu).t(),
+                  torch.zeros(2, 3, dtype=torch.float64, device=cpu), torch.zeros(2, 3, requires_grad=True, device=cpu),
+                  torch.nn.Parameter(torch.zeros(2, 3, device=cpu)), torch.zeros(2, 3, device=cpu).as_subclass(_Sub),
+                  torch.zeros(2, 3, device="meta")]
+        if alive() is None and check(torch.ones(2, 3, device=cpu)) is True and not any(check(o) for o in others):
             got = TensorGuards
     except Exception:  # noqa: BLE001 - no such API in this torch, or it differs: the Python guard
         got = None
@@ -238,7 +242,7 @@ class GuardedVerdicts:
         return None
 
     def put(self, key, tensors: tuple, verdict) -> None:
-        if torch.compiler.is_compiling():  # Dynamo: decided per trace, as the gate did
+        if torch.compiler.is_compiling() or self._n >= self.limit:  # Dynamo: decided per trace; full: no guard made
             return
         entry = (tensor_guard(tensors), verdict)
         with self._lock:
@@ -251,6 +255,7 @@ class GuardedVerdicts:
         return self._n
 
     def clear(self) -> None:
+        native_guards()  # decided here, at apply, rather than at a first put inside a capture
         with self._lock:
             self._d.clear()
             self.hits = self.misses = self._n = 0

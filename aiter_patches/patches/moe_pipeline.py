@@ -218,11 +218,13 @@ _PICKERS: dict[tuple, Callable] = {}
 def _straight_picker(where: tuple) -> Callable:
     """``f(step)``: for each entry, ``step._args[i]`` (an int) or ``step._kwargs.get(name)``, as one
     generated expression (a generator over the entries costs a frame per value: issue 15)."""
+    if not where:
+        return lambda step: ()
     got = _PICKERS.get(where)
     if got is None:
-        items = [f"a[{i}]" if type(i) is int else f"k.get({i!r})" for i in where]
-        ns: dict[str, Any] = {}
-        exec(f"def pick(step):\n    a, k = step._args, step._kwargs\n    return ({', '.join(items)},)\n", ns)  # noqa: S102 - positions and parameter names only
+        ns: dict[str, Any] = {f"N{j}": name for j, name in enumerate(where)}  # names as constants, never as code
+        items = [f"a[{i}]" if type(i) is int else f"k.get(N{j})" for j, i in enumerate(where)]
+        exec(f"def pick(step):\n    a, k = step._args, step._kwargs\n    return ({', '.join(items)},)\n", ns)  # noqa: S102 - positions and N<j> only
         got = ns["pick"]
         if len(_PICKERS) < 256:
             _PICKERS[where] = got

@@ -445,8 +445,11 @@ def nothing_to_save(step) -> str | None:
     reason counted is that one, met first (the full gate may have met another first: a kernel limit,
     a device without Triton; either way the call is AITER's). AITER's workspace query failing is
     counted as the full gate counts it (not remembered: asked again next call). None: the full gate
-    decides (arguments the pin does not explain, a flag that is set or not a Python value, a tensor
-    where the gate reads a value, AITER's sort more than one launch, torch.compile tracing).
+    decides (arguments the pin does not explain, a flag that is set, or any of the values read here,
+    ``num_experts``, ``dispatch_policy``, ``use_opus``, ``output_aux``, ``return_local_topk_ids``, not a
+    Python value, AITER's sort more than one launch, torch.compile tracing). The other values the full
+    gate reads (``model_dim``, ``block_size``, ``accumulate``) are not read here: given as tensors, such a
+    call is counted "nothing saved" where the full gate counts "is a tensor", AITER's either way.
     """
     layout = step.layout()
     pick = _SHORTCUT_LAYOUTS.get(layout)

@@ -205,7 +205,8 @@ def test_guarded_verdicts_bound_their_keys_and_their_guards_per_key():
     per_key = call_key.GuardedVerdicts("t")
     for i in range(call_key.GuardedVerdicts.MAX_PER_KEY + 3):
         remember((torch.zeros(2, dtype=dtypes[i % 4]).requires_grad_(i >= 4),), {}, per_key, i)
-    assert len(per_key) <= call_key.GuardedVerdicts.MAX_PER_KEY
+    assert len(per_key) == call_key.GuardedVerdicts.MAX_PER_KEY  # the 9th put on is dropped: the first kept answers
+    assert verdict_of((torch.zeros(2, dtype=dtypes[0]).requires_grad_(),), {}, per_key) == 4
     per_key.clear()
     assert len(per_key) == 0 and per_key.hits == per_key.misses == 0
 
@@ -268,3 +269,52 @@ def test_on_a_gpu_the_guard_tells_devices_apart_and_a_capture_keeps_nothing(guar
     assert alive() is None, "a guard made during the capture holds its tensor"
     assert verdict_of((torch.zeros(3, 4, device="cuda"), 1), {}, verdicts) == "kept"
     del graph
+
+
+def test_keyword_names_are_never_code(monkeypatch):
+    """A keyword name reaches the generated code as a constant, never as text; a str subclass as a name
+    (its own repr, hash or eq) is keyed, by split or by args_key, without raising."""
+    class Name(str):
+        def __repr__(self):
+            return "'not_' + " + str.__repr__(self)
+
+    class Odd(str):
+        def __hash__(self):
+            return 1
+
+        __eq__ = str.__eq__
+
+    sources = []
+    real_exec = exec
+    monkeypatch.setattr(call_key, "exec", lambda src, ns: sources.append(src) or real_exec(src, ns), raising=False)
+    t = torch.zeros(2)
+    for first in ("plain", "subclass"):
+        monkeypatch.setattr(call_key, "_SPLITTERS", {})
+        calls = [{"x": t}, {Name("x"): t}, {Odd("x"): t}]
+        for kwargs in (calls if first == "plain" else calls[::-1]):
+            key, tensors = call_key.split_key((), kwargs)
+            assert (key, tensors) == (call_key.args_key((), kwargs), ()) or tensors == (t,)
+    assert sources and not any("x" in src or "not_" in src for src in sources), sources
+
+
+def test_the_self_test_makes_only_cpu_and_meta_tensors(monkeypatch):
+    """Run lazily it may meet a CUDA-graph capture or a server's default device: its tensors are explicit
+    CPU and meta ones (on a default device of meta, implicit ones would compare equal to its meta case)."""
+    monkeypatch.setattr(call_key, "_NATIVE", [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA branch would fail on this machine
+    torch.set_default_device("meta")
+    try:
+        got = call_key.native_guards()
+    finally:
+        torch.set_default_device(None)
+    if got is None:
+        monkeypatch.setattr(call_key, "_NATIVE", [])
+        assert call_key.native_guards() is None, "the self test passes on its own but not under a meta default"
+
+
+def test_applying_the_patches_decides_the_guard(stub, monkeypatch):
+    import aiter_patches
+
+    monkeypatch.setattr(call_key, "_NATIVE", [])
+    aiter_patches.apply(["moe_sort_mx_quant", "gemm_out_zeroed"])
+    assert call_key._NATIVE, "the self test was left to the first put (maybe inside a capture)"

@@ -110,10 +110,9 @@ def test_arguments_the_pin_does_not_explain_reach_the_full_gate(stub, device, ke
     import aiter.fused_moe as fm
 
     a = one_launch_args(device)
-    vals = list(a.values())
     with pytest.raises(TypeError):
-        fm._moe_sorting_impl(*vals[:-1])  # use_opus not given: AITER's TypeError, the binder's reason
-    assert keyed == [1] and [r for r in stats()["fallback"] if r.startswith("required argument not given: use_opus")]
+        fm._moe_sorting_impl(*a.values(), bogus=1)  # every flag set as the rule wants: only the keyword is wrong
+    assert keyed == [1] and list(stats()["fallback"]) == ["unknown keyword 'bogus'"], stats()
 
 
 def test_a_sort_aiter_takes_in_two_launches_still_launches(stub, device, keyed):
@@ -191,3 +190,28 @@ def test_an_addend_to_write_reaches_the_full_gate(stub, device):
     assert stats()["fast"] == 1 and stats()["fallback"] == {}, stats()
     fm.fused_moe(**args)  # the same call without the addend: nothing to save
     assert stats()["fallback"] == {NOTHING_SAVED: 1}, stats()
+
+
+@pytest.mark.parametrize("change", ["AITER's launch count", "AITER's workspace function"])
+def test_a_call_the_full_gate_makes_sort_only_keys_aiters_launch_count(stub, device, keyed, monkeypatch, change):
+    """A predicted quant the kernel refuses (fp32 activations) leaves the full gate a sort-only call, decided
+    by AITER's launch count: that answer's functions are in the verdict key, so a changed one decides again."""
+    import aiter
+
+    a = one_launch_args(device)
+    x = torch.randn(5, DIM).to(device)  # fp32: the quant is not fused, the sort alone is left
+
+    def sort():
+        with moe_call.scope(moe_call.MoeCall(hidden_states=x, quant_dtype=torch.float4_e2m1fn_x2)):
+            impl(a)
+
+    sort()
+    sort()
+    assert keyed == [1, 1] and stats()["fast"] == 0
+    assert [r for r in stats()["fallback"] if r.startswith(NOTHING_SAVED)], stats()
+    if change == "AITER's launch count":
+        monkeypatch.setattr(msq, "aiter_sort_launches", lambda *x: 2)
+    else:
+        monkeypatch.setattr(aiter, "moe_sorting_opus_get_workspace_size", lambda *x: 128)
+    sort()
+    assert stats()["fast"] == 1, "a kept hand-back outlived the launch count it was decided on"

@@ -151,12 +151,19 @@ def test_without_a_predicted_quant_the_activations_are_not_in_the_key(stub, devi
 
 
 def test_kept_verdicts_hold_no_tensor(stub, device, decided):
+    import gc
+    import weakref
+
     a = sort_args(device)
     impl(a)
     x = torch.randn(5, DIM).to(torch.bfloat16).to(device)
     with moe_call.scope(moe_call.MoeCall(hidden_states=x, quant_dtype=torch.float4_e2m1fn_x2)):
         impl(a)
     assert len(msq.VERDICTS) == 2
+    alive = [weakref.ref(t) for t in (a["topk_ids"], a["topk_weights"], x)]
+    del a, x
+    gc.collect()
+    assert not [r for r in alive if r() is not None], "a kept key, guard or plan holds a call's tensor"
     seen, todo = set(), [msq.VERDICTS._d]
     while todo:
         obj = todo.pop()
@@ -354,3 +361,24 @@ def test_a_plan_the_api_does_not_keep_is_not_kept_by_the_verdict(stub, device, d
         impl(a)
     assert decided == [1] and stats()["fast"] == 3
     assert CountingPlans.lookups == 3 and len(plans) == 3
+
+
+def test_the_addend_written_by_the_sort_is_in_the_verdicts_guard(stub, device):
+    """The one-launch sort writes the addend as moe_buf's fill with its row stride: a kept verdict (and its
+    kernel plan) made for a contiguous addend must not serve a row-strided one of the same shape."""
+    import aiter.fused_moe as fm
+
+    from .test_addend_fold import addend_for, reference_with_accumulator_start
+    from .test_moe_sort_mx_quant_patch import moe_inputs, same_bits
+
+    args = moe_inputs(stub, device, 5, E, 4, DIM, 128, "bf16")
+    addend = addend_for(args)
+    wide = torch.zeros(addend.shape[0], 2 * addend.shape[1], dtype=addend.dtype, device=addend.device)
+    strided = wide[:, : addend.shape[1]]
+    strided.copy_(addend_for(args, seed=3))
+    expected = [reference_with_accumulator_start(fm, args, a) for a in (addend, strided)]
+    aiter_patches.apply(["moe_addend_fold", NAME])
+    for _ in range(2):
+        for a, exp in zip((addend, strided), expected):
+            assert same_bits(fm.fused_moe(**args, moe_addend=a), exp)
+    assert stats()["fast"] == 4 and len(msq.VERDICTS) == 2, (stats(), len(msq.VERDICTS))
