@@ -318,3 +318,20 @@ def test_applying_the_patches_decides_the_guard(stub, monkeypatch):
     monkeypatch.setattr(call_key, "_NATIVE", [])
     aiter_patches.apply(["moe_sort_mx_quant", "gemm_out_zeroed"])
     assert call_key._NATIVE, "the self test was left to the first put (maybe inside a capture)"
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_self_test_met_inside_a_capture_records_nothing(monkeypatch):
+    """Where no apply ran first, the self test may run at a first put inside a server's CUDA-graph capture:
+    it must add no kernel to the graph (torch warns that a graph captured with no work is empty)."""
+    import warnings
+
+    monkeypatch.setattr(call_key, "_NATIVE", [])
+    t = torch.zeros(3, 4, device="cuda")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            check = call_key.tensor_guard((t,))
+    assert call_key._NATIVE and check(torch.ones(3, 4, device="cuda"))
+    assert any("empty" in str(w.message) for w in seen), [str(w.message) for w in seen]
