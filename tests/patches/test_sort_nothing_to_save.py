@@ -17,7 +17,7 @@ from aiter_patches.patches import moe_sort_mx_quant as msq
 from aiter_patches.verify import suspended
 
 from .test_moe_sort_mx_quant_patch import assert_same_sort_and_zeroed_buf
-from .test_sort_verdicts import BLOCK, DIM, E, impl, sort_args
+from .test_sort_verdicts import BLOCK, DIM, E, counting_calls_of, impl, sort_args
 
 NAME = "moe_sort_mx_quant"
 NOTHING_SAVED = "sort only, nothing saved: AITER's opus sort takes 1 launch(es), the one-launch sort 1"
@@ -29,13 +29,8 @@ def stats():
 
 @pytest.fixture
 def keyed(stub, monkeypatch):
-    """Fresh verdicts; the list grows by one per call that builds the verdict key (the full gate's way)."""
-    monkeypatch.setattr(msq, "VERDICTS", call_key.GuardedVerdicts(NAME))
-    keys = []
-    real = msq._verdict_key
-    monkeypatch.setattr(msq, "_verdict_key", lambda step, call: keys.append(1) or real(step, call))
-    aiter_patches.apply([NAME])
-    return keys
+    """The list grows by one per call that builds the verdict key (the full gate's way)."""
+    return counting_calls_of(monkeypatch, "_verdict_key")
 
 
 def one_launch_args(device, **over):

@@ -26,15 +26,20 @@ def stats():
     return aiter_patches.stats()[NAME]
 
 
-@pytest.fixture
-def decided(stub, monkeypatch):
-    """Fresh verdicts; the list grows by one per call the gate decides in full."""
+def counting_calls_of(monkeypatch, function: str) -> list:
+    """Fresh verdicts, the patch applied, and a list that grows by one per call of ``msq.<function>(step, call)``."""
     monkeypatch.setattr(msq, "VERDICTS", call_key.GuardedVerdicts(NAME))
     calls = []
-    real = msq._decide
-    monkeypatch.setattr(msq, "_decide", lambda step, call: calls.append(1) or real(step, call))
+    real = getattr(msq, function)
+    monkeypatch.setattr(msq, function, lambda step, call: calls.append(1) or real(step, call))
     aiter_patches.apply([NAME])
     return calls
+
+
+@pytest.fixture
+def decided(stub, monkeypatch):
+    """The list grows by one per call the gate decides in full."""
+    return counting_calls_of(monkeypatch, "_decide")
 
 
 def sort_args(device, M=5, topk=4, **over):
