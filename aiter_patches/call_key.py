@@ -168,12 +168,8 @@ def tensor_guard(tensors: tuple):
     if native is not None and len(set(map(id, tensors))) == len(tensors):  # it refuses one tensor given twice
         return native(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
                       dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
-    fields = tuple(_fields(t) for t in tensors)
-    return lambda *ts: tuple(_fields(t) for t in ts) == fields
-
-
-def _fields(t) -> tuple:
-    return (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+    fields = tuple(map(value_key, tensors))
+    return lambda *ts: tuple(map(value_key, ts)) == fields
 
 
 _NATIVE: list = []  # [TensorGuards or None], decided once
@@ -221,8 +217,11 @@ class GuardedVerdicts:
 
     Under one key, up to :data:`MAX_PER_KEY` verdicts, each with the guard of the tensors it was
     decided for (the same shapes, other strides or dtypes, say); a get is one dict lookup and the
-    guards' checks, in order. ``hits`` and ``misses`` are diagnostics, as in :class:`Verdicts`; a put
-    is locked and replaces the key's tuple (a get in another thread reads the old one or the new one)."""
+    guards' checks, in order. ``hits`` and ``misses`` are diagnostics, counted without a lock (a lock per call costs more than
+    the count is worth: threads calling at once may lose an increment); a put is locked and replaces
+    the key's tuple (a get in another thread reads the old one or the new one). The patches clear their
+    verdicts whenever their wrappers are built (apply, and a revert that rebuilds a target's chain), so a
+    patch applied again decides afresh."""
 
     MAX_PER_KEY = 8
     __slots__ = ("name", "limit", "_d", "_lock", "hits", "misses", "_n")
@@ -259,44 +258,3 @@ class GuardedVerdicts:
         with self._lock:
             self._d.clear()
             self.hits = self.misses = self._n = 0
-
-
-class Verdicts:
-    """A gate's verdicts by key, at most ``limit`` of them (past it the gate runs per call).
-
-    ``hits`` and ``misses`` are diagnostics, counted without a lock (a lock per call costs more than
-    the count is worth): threads calling at once may lose an increment. The verdicts themselves are
-    exact: a put is locked, a get is one dict lookup. The patches clear their verdicts whenever their
-    wrappers are built (apply, and a revert that rebuilds a target's chain), so a patch applied again
-    decides afresh."""
-
-    __slots__ = ("name", "limit", "_d", "_lock", "hits", "misses")
-
-    def __init__(self, name: str, limit: int = 1024):
-        self.name, self.limit = name, limit
-        self._d: dict[tuple, Any] = {}
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
-
-    def get(self, key):
-        got = self._d.get(key)
-        if got is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return got
-
-    def put(self, key, verdict) -> None:
-        if torch.compiler.is_compiling():  # Dynamo: decided per trace, as the gate did
-            return
-        with self._lock:
-            if len(self._d) < self.limit:
-                self._d[key] = verdict
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self.hits = self.misses = 0

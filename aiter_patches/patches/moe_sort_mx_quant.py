@@ -437,11 +437,13 @@ _FLAG_TYPES = (type(None), bool, int)
 
 
 def nothing_to_save(step) -> str | None:
-    """The hand-back of a sort-only call (no quant to make, no addend to write) whose AITER sort is
-    one launch already, decided without the verdict key (issue 15): the plain ``fused_moe`` call of
-    bf16 and fp8 weights at decode sizes, and the sort alone there, cost the host no more than this.
+    """The hand-back of a sort-only call (no quant to make, no addend to write) where the one-launch
+    sort saves no launch (AITER's opus sort is one launch already: decode sizes), decided by the full
+    gate's own rule, :func:`sort_only_reason`, without the verdict key (issue 15): the plain
+    ``fused_moe`` call of bf16 and fp8 weights at decode sizes, and the sort alone there, cost the host
+    no more than this.
 
-    Exact in its outcome: the full gate hands such a call to AITER too (``sort_only_reason``); the
+    Exact in its outcome: the full gate hands such a call to AITER too (the same rule); the
     reason counted is that one, met first (the full gate may have met another first: a kernel limit,
     a device without Triton; either way the call is AITER's). AITER's workspace query failing is
     counted as the full gate counts it (not remembered: asked again next call). None: the full gate
@@ -464,29 +466,17 @@ def nothing_to_save(step) -> str | None:
             or type(use_opus) not in _FLAG_TYPES or type(aux) not in _FLAG_TYPES or type(local) not in _FLAG_TYPES
             or aux or local or not use_opus or ids.dim() != 2 or call_key._compiling()):
         return None
-    M, topk = ids.shape
-    key = (aiter_sort_launches, kernel_launch_count(), M, experts, topk, policy or 0,
+    kernel = _KERNEL[0] if _KERNEL else _kernel()
+    key = (aiter_sort_launches, kernel.launch_count, ids.shape, experts, policy or 0,
            getattr(sys.modules.get("aiter"), "moe_sorting_opus_get_workspace_size", None))
     try:
         return _NOTHING_SAVED[key]
     except KeyError:
         pass
-    try:
-        theirs = aiter_sort_launches(M, experts, topk, policy or 0)
-    except Exception:  # noqa: BLE001 - as the full gate: to AITER, counted, asked again next call
-        return WORKSPACE_UNKNOWN
-    reason = None
-    if theirs == 1:
-        ours = key[1](M, topk, quant=False, fused=False)
-        reason = (f"sort only, nothing saved: AITER's opus sort takes {theirs} launch(es), "
-                  f"the one-launch sort {ours}")
-    if len(_NOTHING_SAVED) < 1024:
+    reason = sort_only_reason({"topk_ids": ids, "num_experts": experts, "dispatch_policy": policy}, kernel)
+    if reason != WORKSPACE_UNKNOWN and len(_NOTHING_SAVED) < 1024:  # a failed query: asked again next call
         _NOTHING_SAVED[key] = reason
     return reason
-
-
-def kernel_launch_count():
-    return (_KERNEL[0] if _KERNEL else _kernel()).launch_count
 
 
 # Read by value (truthiness, sizes, policy): a tensor there would be read on the device (a sync) and

@@ -87,12 +87,12 @@ def test_no_key_under_torch_compile_tracing(monkeypatch):
 def test_a_nan_float_hits_its_kept_verdict_and_signed_zeros_do_not_meet():
     """NaN != NaN: keyed by value, every call with a fresh NaN would miss and keep a dead entry."""
     nan = lambda: float("nan") * 1.0  # noqa: E731 - a new float object per call
-    verdicts = call_key.Verdicts("t")
+    verdicts = call_key.GuardedVerdicts("t")
     for make in (lambda v: ((v,), {}), lambda v: ((), {"x": v})):
         k = call_key.args_key(*make(nan()))
-        verdicts.put(k, "kept")
+        verdicts.put(k, (), "kept")
         for _ in range(5):
-            assert verdicts.get(call_key.args_key(*make(nan()))) == "kept"
+            assert verdicts.get(call_key.args_key(*make(nan())), ()) == "kept"
     assert len(verdicts) == 2
     assert call_key.args_key((0.0,), {}) != call_key.args_key((-0.0,), {})
     assert call_key.value_key(-0.0) != call_key.value_key(0.0)
