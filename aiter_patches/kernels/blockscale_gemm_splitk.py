@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ..aiter_contract import SCALE_BLOCK, k_tiles_per_split, valid_split  # AITER's rule; tests read them here
+from . import device_stream
 from .fast_launch import Prepared, launch, run_prepared
 from .rounding import f32_to_bf16_rne  # the same bits on every backend (see rounding.py)
 FP8_DTYPES = tuple(
@@ -241,16 +242,7 @@ def unsupported_reason(A, B, out, A_scale, B_scale, splits, b_preshuffled) -> st
 _counters: dict[tuple[int, int], list[torch.Tensor]] = {}
 
 
-def _stream_key(device: torch.device) -> tuple[int, int]:
-    if device.type != "cuda":
-        return -1, 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if _raw_stream is not None:  # the same handle as current_stream(device).cuda_stream, without a Stream object
-        return index, _raw_stream(index)
-    return index, torch.cuda.current_stream(device).cuda_stream
-
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_stream_key = device_stream.stream_key
 
 
 def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -265,7 +257,7 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
     bufs = _counters.get(_stream_key(device), [])
     if bufs and bufs[-1].numel() >= n:
         return bufs[-1]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if device_stream.capturing(device):
         return torch.zeros(n, dtype=torch.int32, device=device)
     buf = torch.zeros(max(n, 4096, 2 * bufs[-1].numel() if bufs else 0), dtype=torch.int32, device=device)
     _counters.setdefault(_stream_key(device), []).append(buf)

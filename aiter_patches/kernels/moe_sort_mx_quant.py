@@ -799,35 +799,63 @@ def plan_key_reads() -> tuple:
 
 
 def run_kept(plan: "_SortPlan", topk_ids, topk_weights, model_dim, moebuf_dtype, expert_mask, num_local_tokens,
-             quant_input, quant_dtype, moe_buf, moe_buf_init, zero_moe_buf: bool) -> SortQuantResult:
+             quant_input, quant_dtype, moe_buf, moe_buf_init, zero_moe_buf: bool, outputs: "SortOutputs | None" = None
+             ) -> SortQuantResult:
     """:func:`moe_sort_mx_quant` (checked, ``quant_semantics="auto"``) with ``plan``, which a call of
     this same plan key handed back through ``kept``: the caller's key fixes every value the plan key
     reads (the arguments' sizes, strides, devices and flags, and :func:`plan_key_reads`), so the plan
-    key is not built again (issue 15: one key per sort hit)."""
+    key is not built again (issue 15: one key per sort hit). ``outputs``: the sort's tables and the
+    quant's buffers to write, made by :func:`new_outputs` for this plan and quant dtype, instead of
+    new ones (a caller that reuses them must know that nothing reads them after its own consumers)."""
     M, K = topk_ids.shape
     dev = topk_ids.device
     moe_buf, init, x = _buffers(M, dev, model_dim, moebuf_dtype, topk_weights, quant_input, moe_buf, moe_buf_init,
                                 zero_moe_buf)
     return _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype, expert_mask, num_local_tokens,
-                   moe_buf, init)
+                   moe_buf, init, outputs)
 
 
-def _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype, expert_mask, num_local_tokens, moe_buf,
-            init) -> SortQuantResult:
-    """The allocations and launches of ``plan`` (``quant_dtype`` None: no quant; ``x``: the quant's
-    input, else ``topk_weights``)."""
-    quant = quant_dtype is not None
+class SortOutputs(NamedTuple):
+    """What one launch of a plan writes besides ``moe_buf``: the four sort tables and, with a quant, its
+    data and scales (as the caller gets them, and as ``uint8`` views for the kernel)."""
+
+    sorted_ids: torch.Tensor
+    sorted_weights: torch.Tensor
+    sorted_expert_ids: torch.Tensor
+    num_valid_ids: torch.Tensor
+    quant: tuple[torch.Tensor, torch.Tensor] | None
+    q_u8: torch.Tensor
+    s_u8: torch.Tensor
+
+
+def new_outputs(plan: "_SortPlan", M: int, dev, quant_dtype) -> SortOutputs:
+    """The output allocations of one launch of ``plan`` (``quant_dtype`` None: no quant), as AITER's
+    sort and quant helper make them."""
     sorted_ids = _empty(plan.n_sorted, dtype=torch.int32, device=dev)
     sorted_weights = _empty(plan.n_sorted, dtype=torch.float32, device=dev)
     sorted_expert_ids = _empty(plan.n_blocks, dtype=torch.int32, device=dev)
     num_valid_ids = _empty(2, dtype=torch.int32, device=dev)
-    q_u8 = s_u8 = sorted_weights
-    out_quant = None
-    if quant:
-        q_out = _empty(M, plan.data_cols, dtype=quant_dtype, device=dev)
-        s_out = _empty(plan.scale_rows, plan.snp, dtype=torch.float8_e8m0fnu, device=dev)
-        out_quant = (q_out, s_out)
-        q_u8, s_u8 = q_out.view(torch.uint8), s_out.view(torch.uint8)
+    if quant_dtype is None:
+        return SortOutputs(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, None, sorted_weights,
+                           sorted_weights)
+    q_out = _empty(M, plan.data_cols, dtype=quant_dtype, device=dev)
+    s_out = _empty(plan.scale_rows, plan.snp, dtype=torch.float8_e8m0fnu, device=dev)
+    return SortOutputs(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, (q_out, s_out),
+                       q_out.view(torch.uint8), s_out.view(torch.uint8))
+
+
+def outputs_bytes(plan: "_SortPlan", M: int, quant_dtype) -> int:
+    """Device bytes of :func:`new_outputs` for this plan (the fp4x2 / fp8 data and e8m0 scales: a byte each)."""
+    n = 4 * (2 * plan.n_sorted + plan.n_blocks + 2)
+    return n if quant_dtype is None else n + M * plan.data_cols + plan.scale_rows * plan.snp
+
+
+def _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype, expert_mask, num_local_tokens, moe_buf,
+            init, outputs=None) -> SortQuantResult:
+    """The allocations and launches of ``plan`` (``quant_dtype`` None: no quant; ``x``: the quant's
+    input, else ``topk_weights``; ``outputs``: :func:`new_outputs`' set to write, else a new one)."""
+    sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, out_quant, q_u8, s_u8 = (
+        outputs if outputs is not None else new_outputs(plan, M, dev, quant_dtype))
     mask_arg = expert_mask if expert_mask is not None else topk_ids
     nlt_arg = num_local_tokens if num_local_tokens is not None else topk_ids
     pre = tot = ranks = compact = sorted_ids

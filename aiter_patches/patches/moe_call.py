@@ -54,6 +54,7 @@ class MoeCall:
     moe_buf: Any = None  # the sort's moe_buf, once the addend was folded into it
     stage1_quant: StageOneQuant | None = None
     sort_reached: bool = False  # this call's sort went through the pipeline's _moe_sorting_impl
+    scratch: list | None = None  # opened by the fused_moe wrapper: the sort outputs it leased (sort_scratch.py)
 
 
 PLAN_FIELDS = frozenset(MoeCall.__dataclass_fields__)

@@ -72,7 +72,7 @@ import operator
 from typing import Any, Callable, Iterator
 
 from .. import call_key
-from . import moe_call, pins
+from . import moe_call, pins, sort_scratch
 from .moe_call import MoeCall, joined_or_new, like
 
 FUSED_MOE = "fused_moe"
@@ -407,11 +407,14 @@ def _build_fused_moe(kind, original, layers, guards):
         for run in before:
             run(call, step)
         if new:  # moe_call.scope's set and reset, inline: a generator context manager costs ~1 µs a call
+            call.scratch = []  # AITER's fused_moe returns moe_buf alone: the sort's other outputs may be reused
             token = set_call(call)
             try:
                 step.output = original(*args, **kwargs)
             finally:
                 reset_call(token)
+                if call.scratch:
+                    release(call)
         else:
             step.output = original(*args, **kwargs)
         for run in after:
@@ -421,6 +424,7 @@ def _build_fused_moe(kind, original, layers, guards):
     armed = _armed(kind, layers, guards, fused_moe.__code__, cache)
     full = armed()
     set_call, reset_call = moe_call._CALL.set, moe_call._CALL.reset
+    release = sort_scratch.release
     return fused_moe
 
 

@@ -25,7 +25,7 @@ import torch
 from .. import call_key, foreign_layers, runtime
 from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
 from ..declarations import Patch
-from . import moe_call, moe_pipeline, relied_on
+from . import moe_call, moe_pipeline, relied_on, sort_scratch
 from .moe_call import StageOneQuant, enum_value, tensor_key
 
 NAME = "moe_sort_mx_quant"
@@ -219,7 +219,7 @@ class SortMxQuant(moe_pipeline.Feature):
 
     name = NAME
     reads = frozenset({"call.hidden_states", "call.quant_dtype", "call.stage1_quant", "call.sort_reached",
-                       "sort.addend_offer", "sort.outputs"})
+                       "call.scratch", "sort.addend_offer", "sort.outputs", "sort.extensions"})
     writes = frozenset({"call.quant_dtype", "call.stage1_quant", "sort.outputs", "sort.addend_written"})
 
     def forget(self) -> None:
@@ -228,6 +228,7 @@ class SortMxQuant(moe_pipeline.Feature):
         _SHORTCUT_LAYOUTS.clear()
         _CONFIGS.clear()
         _OPUS_WORKSPACE.clear()
+        sort_scratch.clear()
 
     def predict_quant(self, site, call, step) -> None:
         if call.quant_dtype is None:
@@ -269,8 +270,10 @@ class SortMxQuant(moe_pipeline.Feature):
             kept = None
         try:
             if kept:  # the kernel plan this verdict's first launch used: its key holds all the plan key reads
+                outs = (sort_scratch.lease(call, kept[0], ids, quant_dtype)
+                        if call is not None and call.scratch is not None and not step.extensions else None)
                 res = kernel.run_kept(kept[0], ids, weights, dim, buf_dtype, mask, nlt, quant_input, quant_dtype,
-                                      moe_buf, init, verdict.zeroes)
+                                      moe_buf, init, verdict.zeroes, outs)
             else:
                 res = api(
                     ids, weights, experts, dim, buf_dtype, block, zero_moe_buf=verdict.zeroes, checked=True,
