@@ -17,7 +17,7 @@ target             step  feature             does                 reads         
 =================  ====  ==================  ===================  ==========================================  ==========================================
 fused_moe          1     moe_addend_fold     take_addend          fused_moe.keywords                          call.addend, call.addend_state
 fused_moe          2     moe_sort_mx_quant   predict_quant        call.quant_dtype                            call.quant_dtype
-fused_moe          --    AITER's fused_moe
+fused_moe          --    AITER's fused_moe   (a call it opens lends its sort outputs: call.scratch, sort_scratch.py)
 fused_moe          3     moe_sort_mx_quant   count_unreached      call.sort_reached                           (counters)
 fused_moe          4     moe_addend_fold     add_or_count         call.addend, call.addend_state,             fused_moe.output (adds the addend in place)
                                                                   call.moe_buf, fused_moe.output
