@@ -14,7 +14,9 @@ sync every ``--calls`` calls, outside the timed region). Columns, per entry and 
   ``--warm-cache``), and a bare empty Triton launch, ordinary and direct.
 
 Entries: ``moe_sorting``; ``_moe_sorting_impl`` with and without the stage-1 MXFP4 quant (the
-patched one is the single sort+quant launch, its floor AITER's sort plus AITER's quant helper);
+patched one is the single sort+quant launch, its floor AITER's sort plus AITER's quant helper), and
+the same with its outputs reused, as a call the ``fused_moe`` wrapper opened makes it
+(patches/sort_scratch.py: only ``moe_buf`` is allocated; same floor);
 the MXFP4 quant helper's hand-back of that quant; ``fused_moe`` as a server calls it, no patch
 keyword (MXFP4 weights, per_1x32: the sort + stage-1 quant in one launch and its hand-back; bf16
 weights, no quant: the sort alone, handed back to AITER where it saves no launch), against the
@@ -88,7 +90,7 @@ from aiter_patches import runtime  # noqa: E402
 from aiter_patches.kernels import blockscale_gemm_splitk as gemm_kernel  # noqa: E402
 from aiter_patches.kernels import fast_launch  # noqa: E402
 from aiter_patches.kernels import moe_sort_mx_quant as sort_kernel  # noqa: E402
-from aiter_patches.patches import moe_call  # noqa: E402
+from aiter_patches.patches import moe_call, sort_scratch  # noqa: E402
 from aiter_patches.testing import use_stub_aiter  # noqa: E402
 from bench import harness  # noqa: E402
 
@@ -229,6 +231,13 @@ def entries(aiter, fm, device, E, K, D, M):
         sid, sw, _, nv, _ = fm._moe_sorting_impl(*impl_args)
         return quant_call(sid, sw, nv)
 
+    def sort_quant_reused():  # as inside fused_moe: the wrapper's call lends the sort its outputs, given back after
+        call = moe_call.MoeCall(hidden_states=x, quant_dtype=FP4, scratch=[])
+        with moe_call.scope(call):
+            out = fm._moe_sorting_impl(*impl_args)
+        sort_scratch.release(call)
+        return out
+
     handback = {}
 
     def handback_patched():
@@ -288,6 +297,7 @@ def entries(aiter, fm, device, E, K, D, M):
         "moe_sorting": (lambda: fm.moe_sorting(*sort_args), lambda: fm.moe_sorting(*sort_args)),
         "_moe_sorting_impl": (lambda: fm._moe_sorting_impl(*impl_args), lambda: fm._moe_sorting_impl(*impl_args)),
         "_moe_sorting_impl + stage-1 MXFP4 quant": (sort_quant_patched, sort_quant_floor),
+        "the same, outputs reused (as in fused_moe)": (sort_quant_reused, sort_quant_floor),
         "MXFP4 quant helper hand-back": (handback_patched, handback_floor),
         "fused_moe, MXFP4 weights": (fused_plain, fused_plain),
         "fused_moe, bf16 weights": (fused_bf16, fused_bf16),

@@ -23,6 +23,13 @@ def stream_key(device: torch.device) -> tuple[int, int]:
     return index, torch.cuda.current_stream(device).cuda_stream
 
 
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
 def capturing(device: torch.device) -> bool:
     """Whether the current stream is capturing a CUDA (HIP) graph; never off CUDA/HIP."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if device.type != "cuda":
+        return False
+    if _is_capturing is not None:  # what torch.cuda.is_current_stream_capturing() returns, one call less
+        return _is_capturing()
+    return torch.cuda.is_current_stream_capturing()

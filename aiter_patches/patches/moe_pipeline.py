@@ -413,8 +413,7 @@ def _build_fused_moe(kind, original, layers, guards):
                 step.output = original(*args, **kwargs)
             finally:
                 reset_call(token)
-                if call.scratch:
-                    release(call)
+                release(call)  # gives its sets back and closes it: a sort under a scope of it later allocates
         else:
             step.output = original(*args, **kwargs)
         for run in after:

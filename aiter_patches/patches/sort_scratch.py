@@ -12,96 +12,179 @@ freed block. ``moe_buf``, which ``fused_moe`` returns, is always new.
 
 A set is leased only where that holds (:func:`lease` says None otherwise, and the sort allocates):
 
-- the call was opened by the ``fused_moe`` wrapper (``MoeCall.scratch`` is a list; a sort called on its
-  own, or under ``moe_call.scope``, hands its outputs to its caller);
+- the call was opened by the ``fused_moe`` wrapper and has not returned (``MoeCall.scratch`` is a list
+  while it runs, None before and after; a sort called on its own, or under ``moe_call.scope``, hands its
+  outputs to its caller);
 - no sort extension is active (an extension's ``after_sort`` is handed the outputs and may keep them);
+- AITER's own bench hook is off (``aiter.fused_moe.kernel_bench_callable``: when a caller sets it, AITER
+  keeps every stage launch, with the sort tables and the quant it reads, to replay after the call);
 - the current stream is not capturing a CUDA graph (a graph's buffers are its own; a leased set would
-  be written by replays and eager calls alike);
+  be written by replays and eager calls alike), and no ``torch.compile`` CUDA-graph tree is on this
+  device in this thread (its warm-up runs route the thread's allocations into the graphs' private pool,
+  where a set the trees do not know of could be handed to a later recording);
 - not under ``torch.compile`` tracing (the caller's verdict key already says so: only kept plans lease);
 - sets are per (plan, device, stream): a set is only ever reused in the stream order it was written in,
   and a set is in one call at a time (two threads on one stream each get their own);
-- at most :data:`MAX_BYTES` of device memory in all (past it, new plans allocate per call; a decode
-  set is 0.1-2 MB); ``AITER_PATCHES_SORT_SCRATCH=0`` turns leasing off; the pool is dropped whenever
-  the patches' wrappers are built (apply, revert).
-
-The bits are the kernel's either way: it writes every element its consumers read (the tests poison new
-outputs), so a reused set's old contents are never read.
+- at most :data:`MAX_BYTES` of device memory in all: past it the free sets used longest ago are dropped
+  first, and a set that still does not fit is not made (the sort allocates; a decode set is 0.1-2 MB);
+  ``AITER_PATCHES_SORT_SCRATCH=0`` turns leasing off (read at the first lease after the patches' wrappers
+  are built); the pool is dropped whenever they are built (apply, revert), and a set leased before that is
+  freed when its call ends.
 """
 
 from __future__ import annotations
 
-import os
+import sys
 import threading
-from typing import Any
 
+from .. import env_flags
 from ..kernels import device_stream
 
 MAX_BYTES = 128 << 20
-_pool: dict[tuple, tuple[Any, list]] = {}  # (id(plan), quant dtype, device index, stream) -> (plan, free sets)
-_held = [0]  # device bytes of every set made for the pool (leased or free)
+# (id(plan), quant dtype, device index, stream) -> [plan, free sets, bytes a set, last lease]: the plan is held,
+# so its id names no other plan while its key is here
+_pool: dict[tuple, list] = {}
+_held = [0]  # device bytes of the sets made for the pool since it was last dropped (leased or free)
+_generation = [0]  # bumped by clear(): a set leased before is not filed back
+_switch: list = [None]  # AITER_PATCHES_SORT_SCRATCH read at the first lease after clear(); None: not read yet
+_tick = [0]
 _lock = threading.Lock()
-_stats = {"leased": 0, "made": 0, "refused": 0}
+_stats = {"leased": 0, "made": 0, "refused": 0, "evicted": 0}
 
 
 def enabled() -> bool:
-    return os.environ.get("AITER_PATCHES_SORT_SCRATCH", "1") != "0"
+    """``AITER_PATCHES_SORT_SCRATCH`` is not off, as read at the first lease since the pool was last dropped."""
+    on = _switch[0]
+    if on is None:
+        on = _switch[0] = not env_flags.env_false("AITER_PATCHES_SORT_SCRATCH")
+    return on
+
+
+def _kept_after_the_call(dev) -> bool:
+    """Whether something may read or reallocate a set after its call: AITER's bench hook keeps the stage
+    launches, or a CUDA-graph tree of ``torch.compile`` routes this thread's allocations into its pool."""
+    if getattr(sys.modules.get("aiter.fused_moe"), "kernel_bench_callable", None) is not None:
+        return True
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None or dev.type != "cuda":
+        return False
+    try:
+        container = trees.get_obj(trees.local, "tree_manager_containers").get(dev.index)
+        return container is not None and container.tree_manager is not None
+    except Exception:  # noqa: BLE001 - a torch whose trees this cannot read: assume one is there
+        return True
 
 
 def lease(call, plan, topk_ids, quant_dtype):
     """A set of ``new_outputs`` for ``plan`` (the sort kernel's) that ``call`` holds until it ends, or None
     (the sort allocates). ``call.scratch`` must be the list the ``fused_moe`` wrapper opened the call with;
     the set goes on it."""
+    scratch = call.scratch if call is not None else None
+    if scratch is None:
+        return None
     dev = topk_ids.device
-    if call is None or call.scratch is None or device_stream.capturing(dev) or not enabled():
+    if not (_switch[0] if _switch[0] is not None else enabled()) or device_stream.capturing(dev) \
+            or _kept_after_the_call(dev):
         return None
     key = (id(plan), quant_dtype, *device_stream.stream_key(dev))
+    gen = _generation[0]
     entry = _pool.get(key)
-    free = entry[1] if entry is not None and entry[0] is plan else None
-    try:
-        got = free.pop() if free else None
-    except IndexError:  # another thread took the last one
-        got = None
+    got = None
+    if entry is not None and entry[0] is plan:
+        _tick[0] = entry[3] = _tick[0] + 1
+        size = entry[2]
+        if entry[1]:
+            try:
+                got = entry[1].pop()
+            except IndexError:  # another thread took the last one
+                pass
     if got is None:
-        got = _make(key, plan, topk_ids.shape[0], dev, quant_dtype)
-        if got is None:
+        made = _make(key, plan, topk_ids.shape[0], dev, quant_dtype)
+        if made is None:
             return None
-    call.scratch.append((key, plan, got))
+        got, gen, size = made
+    scratch.append((key, plan, got, gen, size))
     _stats["leased"] += 1
     return got
 
 
 def _make(key, plan, M, dev, quant_dtype):
+    """``(set, pool generation it was counted in, its bytes)``: a new set counted in the pool's bytes; None
+    past the limit."""
     from ..kernels import moe_sort_mx_quant as kernel
 
     size = kernel.outputs_bytes(plan, M, quant_dtype)
     with _lock:
+        gen = _generation[0]
         if _held[0] + size > MAX_BYTES:
-            _stats["refused"] += 1
-            return None
+            _evict(size, key)
+            if _held[0] + size > MAX_BYTES:
+                _stats["refused"] += 1
+                return None
         _held[0] += size
-        if _pool.get(key, (None,))[0] is not plan:
-            _pool[key] = (plan, [])  # the plan is held, so its id names no other plan while the key lives
+        entry = _pool.get(key)
+        if entry is None or entry[0] is not plan:
+            if entry is not None:
+                _held[0] -= len(entry[1]) * entry[2]
+            _tick[0] += 1
+            _pool[key] = [plan, [], size, _tick[0]]
+    try:
+        got = kernel.new_outputs(plan, M, dev, quant_dtype)
+    except BaseException:
+        with _lock:
+            if _generation[0] == gen:
+                _held[0] -= size
+        raise
     _stats["made"] += 1
-    return kernel.new_outputs(plan, M, dev, quant_dtype)
+    return got, gen, size
+
+
+def _evict(size: int, keep: tuple) -> None:
+    """Drop free sets, those of the plans leased longest ago first, until ``size`` more bytes fit (under _lock)."""
+    for key, entry in sorted(_pool.items(), key=lambda kv: kv[1][3]):
+        if key == keep:
+            continue
+        free = entry[1]
+        while free and _held[0] + size > MAX_BYTES:
+            try:
+                free.pop()
+            except IndexError:
+                break
+            _held[0] -= entry[2]
+            _stats["evicted"] += 1
+        if not free:
+            del _pool[key]  # a set of it still leased is uncounted when it comes back (release)
+        if _held[0] + size <= MAX_BYTES:
+            return
 
 
 def release(call) -> None:
-    """Give back every set ``call`` leased (the ``fused_moe`` wrapper, once AITER's call has returned)."""
-    for key, plan, got in call.scratch:
-        entry = _pool.get(key)
-        if entry is not None and entry[0] is plan:
-            entry[1].append(got)
-        # else: the pool was dropped meanwhile (apply, revert); the set is freed with its last reference
-    call.scratch.clear()
+    """Give back every set ``call`` leased and close it to leases (the ``fused_moe`` wrapper, once AITER's
+    call has returned)."""
+    scratch, call.scratch = call.scratch, None
+    if not scratch:
+        return
+    with _lock:
+        for key, plan, got, gen, size in scratch:
+            if gen != _generation[0]:
+                continue  # the pool was dropped meanwhile (apply, revert): freed with its last reference
+            entry = _pool.get(key)
+            if entry is not None and entry[0] is plan:
+                entry[1].append(got)
+            else:
+                _held[0] -= size  # its plan's entry was evicted while it was leased
 
 
 def clear() -> None:
-    """Drop every free set (leased ones are dropped as their calls end) and the byte count."""
+    """Drop every free set (a leased one is freed as its call ends), the byte count and the switch's reading."""
     with _lock:
         _pool.clear()
         _held[0] = 0
+        _generation[0] += 1
+        _switch[0] = None
 
 
 def stats() -> dict:
-    """Leases, sets made, sets refused past :data:`MAX_BYTES`, sets and bytes held (diagnostics)."""
+    """Leases, sets made, sets refused past :data:`MAX_BYTES`, free sets evicted to make room, plans and bytes
+    held (diagnostics)."""
     return {**_stats, "plans": len(_pool), "bytes": _held[0]}

@@ -5,11 +5,17 @@ reuse (a sort called on its own or under moe_call.scope, an active extension, a 
 the byte limit) is checked to allocate, through the pool's counters and the outputs a caller keeps.
 """
 
+import functools
+import sys
+import types
+
 import pytest
 import torch
 
 import aiter_patches
+from aiter_patches.kernels import moe_sort_mx_quant as kernel
 from aiter_patches.patches import moe_call, sort_scratch
+from aiter_patches.patches.moe_sort_mx_quant import FEATURE
 from aiter_patches.patches.sort_extension import SortExtension, sort_extension
 from aiter_patches.verify import suspended
 
@@ -25,7 +31,14 @@ def counts():
 
 
 def free_sets():
-    return [got for _, free in sort_scratch._pool.values() for got in free]
+    return [got for e in sort_scratch._pool.values() for got in e[1]]
+
+
+def free_bytes():
+    """The device bytes of the free sets in the pool, read off the tensors themselves."""
+    return sum(t.numel() * t.element_size() for got in free_sets()
+               for t in (got.sorted_ids, got.sorted_weights, got.sorted_expert_ids, got.num_valid_ids,
+                         *(got.quant or ())))
 
 
 def poison(got):
@@ -164,11 +177,13 @@ def test_no_reuse_while_an_extension_sees_the_outputs(fm, two_calls):
     assert aiter_patches.stats()[NAME]["fast"] >= 2
 
 
-@pytest.mark.parametrize("why", ["capturing", "switched off", "over the byte limit"])
+@pytest.mark.parametrize("why", ["capturing", "a graph tree", "switched off", "over the byte limit"])
 def test_no_reuse_where_it_could_be_read_or_is_refused(fm, two_calls, monkeypatch, why):
     a, _, want_a, _ = two_calls
     if why == "capturing":
         monkeypatch.setattr(sort_scratch.device_stream, "capturing", lambda dev: True)
+    elif why == "a graph tree":
+        monkeypatch.setattr(sort_scratch, "_kept_after_the_call", lambda dev: True)
     elif why == "switched off":
         monkeypatch.setenv("AITER_PATCHES_SORT_SCRATCH", "0")
     else:
@@ -214,6 +229,166 @@ def test_apply_and_revert_drop_the_pool(fm, two_calls):
     assert sort_scratch.stats()["plans"] == 1
 
 
+def test_no_reuse_while_aiters_bench_hook_keeps_the_stage_launches(fm, two_calls, monkeypatch):
+    """AITER's ``kernel_bench_callable`` (None in production) keeps every stage launch, with the sort tables
+    and the quant it reads, to replay after the call: a set handed to such a launch must stay its own."""
+    import aiter.ops._leaf_kernels as leaf
+
+    a, b, want_a, want_b = two_calls
+    aiter_patches.apply([NAME])
+    fm.fused_moe(**a)
+    fm.fused_moe(**a)
+    kept = []
+    monkeypatch.setattr(fm, "kernel_bench_callable", kept, raising=False)
+    stage1 = leaf.moe_stage1
+
+    def keeps_the_launch(*args, **kwargs):  # what AITER's hook keeps: the stage-1 call with its arguments
+        kept.append(functools.partial(stage1, *args, **kwargs))
+        return stage1(*args, **kwargs)
+
+    monkeypatch.setattr(leaf, "moe_stage1", keeps_the_launch)
+    leased, made = counts()
+    assert same_bits(fm.fused_moe(**a), want_a)
+    replay_a = kept[-1]
+    out = replay_a.args[5]  # stage 1 writes its output in place
+    out.zero_()
+    replay_a()
+    first = out.clone()
+    assert same_bits(fm.fused_moe(**b), want_b)  # another layer or step of the same shape
+    out.zero_()
+    replay_a()
+    assert torch.equal(out, first), "the kept launch read another call's sort tables"
+    assert counts() == (leased, made)
+
+
+def test_a_failed_allocation_is_not_counted(fm, two_calls, monkeypatch):
+    """A set whose allocation raised (an out-of-memory) is not in the pool's bytes: AITER does that call,
+    and the next one leases within the same limit."""
+    a, _, want_a, _ = two_calls
+    aiter_patches.apply([NAME])
+    fm.fused_moe(**a)
+    new_outputs, fails = kernel.new_outputs, [3]
+
+    def out_of_memory(*args, **kwargs):
+        if fails[0]:
+            fails[0] -= 1
+            raise torch.OutOfMemoryError("simulated: out of memory")
+        return new_outputs(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "new_outputs", out_of_memory)
+    for _ in range(3):
+        assert same_bits(fm.fused_moe(**a), want_a)
+    assert sort_scratch.stats()["bytes"] == 0 and counts() == (0, 0)
+    assert sum(aiter_patches.stats()[NAME]["errors"].values()) == 3
+    assert same_bits(fm.fused_moe(**a), want_a)
+    assert same_bits(fm.fused_moe(**a), want_a)
+    assert counts() == (2, 1) and sort_scratch.stats()["bytes"] == free_bytes() > 0
+
+
+def test_the_pool_dropped_while_a_call_holds_a_set(fm, two_calls, monkeypatch):
+    """apply() or revert() in another thread while a call holds a set: that set is freed when its call ends,
+    and the bytes counted are those of the sets the pool holds."""
+    import aiter.ops._leaf_kernels as leaf
+
+    a, b, want_a, want_b = two_calls
+    aiter_patches.apply([NAME])
+    fm.fused_moe(**a)
+    fm.fused_moe(**a)
+    stage1, done = leaf.moe_stage1, []
+
+    def meanwhile(*args, **kwargs):
+        if not done:
+            done.append(1)
+            FEATURE.forget()  # what apply() and revert() do to the pool
+            assert same_bits(fm.fused_moe(**b), want_b)
+            assert same_bits(fm.fused_moe(**b), want_b)
+        return stage1(*args, **kwargs)
+
+    monkeypatch.setattr(leaf, "moe_stage1", meanwhile)
+    assert same_bits(fm.fused_moe(**a), want_a)
+    assert len(free_sets()) == 1
+    assert sort_scratch.stats()["bytes"] == free_bytes() > 0
+
+
+def test_the_sets_used_longest_ago_make_room(fm, stub, device, monkeypatch):
+    """Past MAX_BYTES, free sets of batch sizes not seen lately are dropped for the size in use now."""
+    aiter_patches.apply([NAME])
+    hot = moe_inputs(stub, device, 1, 8, 2, 256, 128, "fp4", seed=4)
+    with suspended():
+        want = fm.fused_moe(**hot)
+    for M in (40, 41, 42):  # a warm-up sweep: each size seen twice, then not again
+        args = moe_inputs(stub, device, M, 8, 2, 256, 128, "fp4")
+        fm.fused_moe(**args)
+        fm.fused_moe(**args)
+    assert len(free_sets()) == 3
+    monkeypatch.setattr(sort_scratch, "MAX_BYTES", sort_scratch.stats()["bytes"])  # the pool is full
+    fm.fused_moe(**hot)
+    leased = counts()[0]
+    for _ in range(4):
+        for got in free_sets():
+            poison(got)
+        assert same_bits(fm.fused_moe(**hot), want)
+    assert counts()[0] == leased + 4, "the size in use leases its set every call"
+    assert sort_scratch.stats()["evicted"] == 1 and sort_scratch.stats()["refused"] == 0
+    assert len(free_sets()) == 3 and sort_scratch.stats()["plans"] == 3
+    assert sort_scratch.stats()["bytes"] == free_bytes() <= sort_scratch.MAX_BYTES
+
+
+def test_a_call_that_returned_lends_no_more_sets(fm, two_calls, monkeypatch):
+    """A sort under ``moe_call.scope`` of a call object kept past its return keeps its outputs: nothing
+    would give a set back."""
+    import aiter.ops._leaf_kernels as leaf
+
+    a, _, want_a, _ = two_calls
+    aiter_patches.apply([NAME])
+    seen, stage1 = [], leaf.moe_stage1
+
+    def keep_the_call(*args, **kwargs):
+        seen.append((moe_call.current(), moe_call.current().scratch))
+        return stage1(*args, **kwargs)
+
+    monkeypatch.setattr(leaf, "moe_stage1", keep_the_call)
+    for _ in range(2):
+        assert same_bits(fm.fused_moe(**a), want_a)
+    call, during = seen[-1]
+    assert during is not None and call.scratch is None
+    leased, made = counts()
+    outs = []
+    for _ in range(3):
+        with moe_call.scope(call):
+            outs.append(fm.moe_sorting(a["topk_ids"], a["topk_weight"], 8, 256, torch.bfloat16, 32))
+    assert counts() == (leased, made) and call.scratch is None
+    assert len({id(o[0]) for o in outs}) == 3
+
+
+class _Tree:
+    def __init__(self, manager):
+        self.tree_manager = manager
+
+
+@pytest.mark.parametrize("trees,expected", [
+    (None, False),  # torch.compile's CUDA-graph trees never imported
+    ({}, False),  # imported, no tree on this device in this thread
+    ({0: _Tree(None)}, False),
+    ({0: _Tree(object())}, True),  # reduce-overhead ran on this device: its warm-ups allocate to its pool
+    ({1: _Tree(object())}, False),  # another device's
+    ("unreadable", True),  # a torch whose trees are not read this way: assume one is there
+])
+def test_no_reuse_beside_cudagraph_trees(monkeypatch, trees, expected):
+    name = "torch._inductor.cudagraph_trees"
+    if trees is None:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    else:
+        fake = types.ModuleType(name)
+        fake.local = object()
+        if trees != "unreadable":
+            fake.get_obj = lambda local, attr: trees if attr == "tree_manager_containers" else None
+        monkeypatch.setitem(sys.modules, name, fake)
+    monkeypatch.delitem(sys.modules, "aiter.fused_moe", raising=False)
+    assert sort_scratch._kept_after_the_call(torch.device("cuda", 0)) is expected
+    assert sort_scratch._kept_after_the_call(torch.device("cpu")) is False
+
+
 @pytest.mark.gpu
 def test_a_captured_call_leases_nothing_and_replays_beside_eager_reuse(stub):
     """On a GPU: eager calls reuse their set; a CUDA-graph capture of the same call leases none (its
@@ -251,3 +426,37 @@ def test_a_captured_call_leases_nothing_and_replays_beside_eager_reuse(stub):
             eager = fm.fused_moe(**{**args, **{k: new[k] for k in ("hidden_states", "topk_weight", "topk_ids")}})
         assert same_bits(out, eager)
     assert sort_scratch.stats()["leased"] > leased
+
+
+@pytest.mark.gpu
+def test_no_reuse_once_torch_compile_keeps_cudagraph_trees_on_the_device(stub):
+    """On a GPU: after a ``torch.compile(mode="reduce-overhead")`` function ran on this device in this thread,
+    its graph trees' warm-ups may route allocations into their private pool: fused_moe leases nothing
+    (AITER's bits), until the trees are reset."""
+    import aiter.fused_moe as fm
+    from torch._inductor import cudagraph_trees
+
+    dev = torch.device("cuda")
+    sort_scratch.clear()
+    args = moe_inputs(stub, dev, 16, 64, 8, 1024, 256, "fp4")
+    with suspended():
+        want = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    for _ in range(3):
+        fm.fused_moe(**args)
+    leased = sort_scratch.stats()["leased"]
+    assert leased > 0
+    compiled = torch.compile(lambda t: t * 2 + 1, mode="reduce-overhead")
+    x = torch.randn(64, device=dev)
+    try:
+        for _ in range(3):
+            compiled(x)
+        assert sort_scratch._kept_after_the_call(dev)
+        for _ in range(3):
+            assert same_bits(fm.fused_moe(**args), want)
+        assert sort_scratch.stats()["leased"] == leased
+    finally:
+        cudagraph_trees.reset_cudagraph_trees()
+    assert not sort_scratch._kept_after_the_call(dev)
+    fm.fused_moe(**args)
+    assert sort_scratch.stats()["leased"] == leased + 1
