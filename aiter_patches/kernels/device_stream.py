@@ -13,11 +13,15 @@ import torch
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def current_index() -> int:
+    return torch.cuda.current_device()
+
+
 def stream_key(device: torch.device) -> tuple[int, int]:
     """``(device index, current stream handle)``; ``(-1, 0)`` off CUDA/HIP (CPU work runs in call order)."""
     if device.type != "cuda":
         return -1, 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device.index if device.index is not None else current_index()
     if _raw_stream is not None:  # the same handle as current_stream(device).cuda_stream, without a Stream object
         return index, _raw_stream(index)
     return index, torch.cuda.current_stream(device).cuda_stream

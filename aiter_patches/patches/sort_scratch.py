@@ -41,8 +41,8 @@ from .. import env_flags
 from ..kernels import device_stream
 
 MAX_BYTES = 128 << 20
-# (id(plan), quant dtype, device index, stream) -> [plan, free sets, bytes a set, last lease]: the plan is held,
-# so its id names no other plan while its key is here
+# (id(plan), quant dtype, device index, stream) -> [plan, free sets, bytes a set, last lease, pool generation]:
+# the plan is held, so its id names no other plan while its key is here; its sets were counted in its generation
 _pool: dict[tuple, list] = {}
 _held = [0]  # device bytes of the sets made for the pool since it was last dropped (leased or free)
 _generation = [0]  # bumped by clear(): a set leased before is not filed back
@@ -62,14 +62,20 @@ def enabled() -> bool:
 
 def _kept_after_the_call(dev) -> bool:
     """Whether something may read or reallocate a set after its call: AITER's bench hook keeps the stage
-    launches, or a CUDA-graph tree of ``torch.compile`` routes this thread's allocations into its pool."""
+    launches, or a CUDA-graph tree of ``torch.compile`` routes allocations into its pool (one is on this
+    device in this thread, or a tree is warming up or recording in any thread: torch holds its process-wide
+    ``graph_capture_lock`` then)."""
     if getattr(sys.modules.get("aiter.fused_moe"), "kernel_bench_callable", None) is not None:
         return True
     trees = sys.modules.get("torch._inductor.cudagraph_trees")
     if trees is None or dev.type != "cuda":
         return False
     try:
-        container = trees.get_obj(trees.local, "tree_manager_containers").get(dev.index)
+        lock = getattr(trees, "graph_capture_lock", None)
+        if lock is not None and lock.locked():
+            return True
+        index = dev.index if dev.index is not None else device_stream.current_index()
+        container = trees.get_obj(trees.local, "tree_manager_containers").get(index)
         return container is not None and container.tree_manager is not None
     except Exception:  # noqa: BLE001 - a torch whose trees this cannot read: assume one is there
         return True
@@ -83,16 +89,15 @@ def lease(call, plan, topk_ids, quant_dtype):
     if scratch is None:
         return None
     dev = topk_ids.device
-    if not (_switch[0] if _switch[0] is not None else enabled()) or device_stream.capturing(dev) \
-            or _kept_after_the_call(dev):
+    if not (_switch[0] if _switch[0] is not None else enabled()) or _kept_after_the_call(dev) \
+            or device_stream.capturing(dev):
         return None
     key = (id(plan), quant_dtype, *device_stream.stream_key(dev))
-    gen = _generation[0]
     entry = _pool.get(key)
     got = None
     if entry is not None and entry[0] is plan:
         _tick[0] = entry[3] = _tick[0] + 1
-        size = entry[2]
+        size, gen = entry[2], entry[4]
         if entry[1]:
             try:
                 got = entry[1].pop()
@@ -117,17 +122,18 @@ def _make(key, plan, M, dev, quant_dtype):
     with _lock:
         gen = _generation[0]
         if _held[0] + size > MAX_BYTES:
-            _evict(size, key)
-            if _held[0] + size > MAX_BYTES:
+            free = sum(len(e[1]) * e[2] for k, e in _pool.items() if k != key)
+            if _held[0] - free + size > MAX_BYTES:  # does not fit even with every other free set dropped
                 _stats["refused"] += 1
                 return None
+            _evict(size, key)
         _held[0] += size
         entry = _pool.get(key)
         if entry is None or entry[0] is not plan:
             if entry is not None:
                 _held[0] -= len(entry[1]) * entry[2]
             _tick[0] += 1
-            _pool[key] = [plan, [], size, _tick[0]]
+            _pool[key] = [plan, [], size, _tick[0], gen]
     try:
         got = kernel.new_outputs(plan, M, dev, quant_dtype)
     except BaseException:

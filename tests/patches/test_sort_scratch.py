@@ -330,7 +330,57 @@ def test_the_sets_used_longest_ago_make_room(fm, stub, device, monkeypatch):
         assert same_bits(fm.fused_moe(**hot), want)
     assert counts()[0] == leased + 4, "the size in use leases its set every call"
     assert sort_scratch.stats()["evicted"] == 1 and sort_scratch.stats()["refused"] == 0
-    assert len(free_sets()) == 3 and sort_scratch.stats()["plans"] == 3
+    assert sorted(got.quant[0].shape[0] for got in free_sets()) == [1, 41, 42], "the size used longest ago went"
+    assert sort_scratch.stats()["plans"] == 3
+    assert sort_scratch.stats()["bytes"] == free_bytes() <= sort_scratch.MAX_BYTES
+
+
+def test_a_set_that_cannot_fit_drops_nothing(fm, stub, device, monkeypatch):
+    """A set larger than what dropping every other free set would make room for is refused at once: the
+    sets of the sizes in use stay."""
+    big = moe_inputs(stub, device, 60, 8, 2, 256, 128, "fp4")
+    want = fm.fused_moe(**big)
+    aiter_patches.apply([NAME])
+    small = [moe_inputs(stub, device, M, 8, 2, 256, 128, "fp4") for M in (1, 2)]
+    for args in small:
+        fm.fused_moe(**args)
+        fm.fused_moe(**args)
+    monkeypatch.setattr(sort_scratch, "MAX_BYTES", sort_scratch.stats()["bytes"] + 64)
+    for _ in range(3):
+        assert same_bits(fm.fused_moe(**big), want)
+    s = sort_scratch.stats()
+    assert (s["evicted"], s["refused"], len(free_sets())) == (0, 2, 2)
+
+
+@pytest.mark.parametrize("again", [False, True])
+def test_a_set_whose_plan_was_dropped_while_leased(fm, stub, device, monkeypatch, again):
+    """Room made while a call holds a set drops that plan's entry: the set is uncounted when it comes back,
+    or filed into the plan's new entry if the same size leased again meanwhile."""
+    import aiter.ops._leaf_kernels as leaf
+
+    aiter_patches.apply([NAME])
+    a, c, b = (moe_inputs(stub, device, M, 8, 2, 256, 128, "fp4") for M in (40, 41, 1))
+    for args in (a, c):
+        fm.fused_moe(**args)
+        fm.fused_moe(**args)
+    monkeypatch.setattr(sort_scratch, "MAX_BYTES", sort_scratch.stats()["bytes"])
+    fm.fused_moe(**b)  # its verdict's first launch (no lease yet)
+    stage1, seen = leaf.moe_stage1, {}
+
+    def meanwhile(*args, **kwargs):
+        if not seen:  # inside a's call, which holds a's set
+            seen["plans"] = sort_scratch.stats()["plans"]
+            fm.fused_moe(**c)  # c leased later than a
+            fm.fused_moe(**b)  # b makes room: a's entry (no free set) and c's set go
+            seen["after"] = sorted(got.quant[0].shape[0] for got in free_sets())
+            if again:  # a call of a's size (another one: the same activations would join a's call)
+                fm.fused_moe(**moe_inputs(stub, device, 40, 8, 2, 256, 128, "fp4", seed=9))
+        return stage1(*args, **kwargs)
+
+    monkeypatch.setattr(leaf, "moe_stage1", meanwhile)
+    fm.fused_moe(**a)
+    assert seen["after"] == [1]
+    assert sorted(got.quant[0].shape[0] for got in free_sets()) == ([40, 40] if again else [1])
     assert sort_scratch.stats()["bytes"] == free_bytes() <= sort_scratch.MAX_BYTES
 
 
@@ -386,6 +436,8 @@ def test_no_reuse_beside_cudagraph_trees(monkeypatch, trees, expected):
         monkeypatch.setitem(sys.modules, name, fake)
     monkeypatch.delitem(sys.modules, "aiter.fused_moe", raising=False)
     assert sort_scratch._kept_after_the_call(torch.device("cuda", 0)) is expected
+    monkeypatch.setattr(sort_scratch.device_stream, "current_index", lambda: 0)
+    assert sort_scratch._kept_after_the_call(torch.device("cuda")) is expected  # no index: the current device
     assert sort_scratch._kept_after_the_call(torch.device("cpu")) is False
 
 
@@ -451,12 +503,12 @@ def test_no_reuse_once_torch_compile_keeps_cudagraph_trees_on_the_device(stub):
     try:
         for _ in range(3):
             compiled(x)
-        assert sort_scratch._kept_after_the_call(dev)
+        assert sort_scratch._kept_after_the_call(x.device) and sort_scratch._kept_after_the_call(dev)
         for _ in range(3):
             assert same_bits(fm.fused_moe(**args), want)
         assert sort_scratch.stats()["leased"] == leased
     finally:
         cudagraph_trees.reset_cudagraph_trees()
-    assert not sort_scratch._kept_after_the_call(dev)
+    assert not sort_scratch._kept_after_the_call(x.device)
     fm.fused_moe(**args)
     assert sort_scratch.stats()["leased"] == leased + 1
