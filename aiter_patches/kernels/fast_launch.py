@@ -66,6 +66,24 @@ class DispatchMismatch(AssertionError):
     """Verify mode: the cached kernel is not the one Triton would have launched."""
 
 
+class WrongDevice(ValueError):
+    """A launch's tensors are on another GPU than the current one: Triton launches on the current device
+    (AITER's own ops guard their tensors' device), so its kernel would run there on the other GPU's memory."""
+
+
+def _current_cuda() -> int:
+    return torch.cuda.current_device()
+
+
+def _refuse_other_device(t, current: int | None = None) -> None:
+    """Raise :class:`WrongDevice` when ``t`` (a launch's first tensor) is on a GPU other than the current one."""
+    index = t.get_device()  # -1 off CUDA/HIP (the interpreter, the CPU proxy)
+    if index >= 0 and index != (_current_cuda() if current is None else current):
+        raise WrongDevice(f"the launch's tensors are on cuda:{index}, the current device is cuda:"
+                          f"{_current_cuda() if current is None else current}: Triton launches on the current "
+                          f"device; call under torch.cuda.device({index})")
+
+
 _lock = threading.Lock()
 _kernels: dict[int, tuple[Any, "_Kernel | None"]] = {}  # id(fn) -> (fn, state); None: never direct
 _status: dict[str, Any] = {"available": None, "reason": "", "spec_api": None}
@@ -386,6 +404,10 @@ def launch(fn, grid, *args, **kwargs):
     if torch.compiler.is_compiling():  # first: Dynamo folds it and traces Triton's own launch
         fn[grid](*args, **kwargs)
         return
+    for a in args:  # the gates check that a launch's tensors share one device: its first tensor says which
+        if isinstance(a, torch.Tensor):
+            _refuse_other_device(a)
+            break
     entry = _kernels.get(id(fn))
     st = entry[1] if entry is not None and entry[0] is fn else _kernel_state(fn)
     if st is None:
@@ -554,6 +576,8 @@ class Prepared:
             return self._through_launch(tensors, None)
         drv = _driver.active
         device = drv.get_current_device()
+        if tensors and tensors[0].get_device() not in (-1, device):
+            _refuse_other_device(tensors[0], device)
         compiled, native, spec = st.devices.get(device) or st.device_state(device)
         dyn, ptrs = self._unpack(None if native else spec, *tensors)
         key = (device, dyn, fn.debug, rt.debug, self._knob_values(_knobs.compilation))

@@ -86,3 +86,23 @@ def test_direct_launch_in_a_cuda_graph():
         assert _same(ref, out)
     finally:
         fl.set_mode(None)
+
+
+def test_a_launch_on_another_gpu_than_the_current_one_is_refused(monkeypatch):
+    """Triton launches on the current device; AITER's ops guard their tensors' device. Tensors on another GPU
+    (faked here: the current device reads as cuda:7) get WrongDevice, naming both devices and the fix, on the
+    first launch of a shape and on a kept plan's direct launch alike, never a kernel on the wrong device."""
+    ids, w, x = _inputs(16, 4, 128, 6144, 0)
+    _run(ids, w, x, 128, 6144)
+    _run(ids, w, x, 128, 6144)  # its plan's kernels kept: the next call is a direct launch
+    from triton.runtime import driver
+
+    drv = driver.active
+    direct = fl.stats()["direct"]
+    monkeypatch.setattr(drv, "get_current_device", lambda: 7)
+    monkeypatch.setattr(fl, "_current_cuda", lambda: 7)
+    with pytest.raises(fl.WrongDevice, match=r"on cuda:0, the current device is cuda:7.*torch.cuda.device\(0\)"):
+        _run(ids, w, x, 128, 6144)  # kept plan: Prepared
+    with pytest.raises(fl.WrongDevice, match="on cuda:0, the current device is cuda:7"):
+        _run(*_inputs(5, 4, 128, 6144, 0), 128, 6144)  # a new shape: its first launch, through launch()
+    assert fl.stats()["direct"] == direct

@@ -512,3 +512,30 @@ def test_no_reuse_once_torch_compile_keeps_cudagraph_trees_on_the_device(stub):
     assert not sort_scratch._kept_after_the_call(x.device)
     fm.fused_moe(**args)
     assert sort_scratch.stats()["leased"] == leased + 1
+
+
+@pytest.mark.gpu
+def test_tensors_on_another_gpu_than_the_current_one_are_aiters(stub, monkeypatch):
+    """On a GPU: a fused_moe call whose tensors are not on the current device (faked: it reads as cuda:7) is
+    AITER's, bit for bit, with the reason counted; nothing is leased for it."""
+    import aiter.fused_moe as fm
+    from triton.runtime import driver
+
+    from aiter_patches.kernels import fast_launch
+
+    dev = torch.device("cuda")
+    sort_scratch.clear()
+    args = moe_inputs(stub, dev, 16, 64, 8, 1024, 256, "fp4")
+    with suspended():
+        want = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    for _ in range(2):
+        assert same_bits(fm.fused_moe(**args), want)
+    leased = sort_scratch.stats()["leased"]
+    monkeypatch.setattr(driver.active, "get_current_device", lambda: 7)
+    monkeypatch.setattr(fast_launch, "_current_cuda", lambda: 7)
+    for _ in range(2):
+        assert same_bits(fm.fused_moe(**args), want)
+    errors = aiter_patches.stats()[NAME]["errors"]
+    assert errors.get("moe_sort_mx_quant kernel: WrongDevice") == 2, errors
+    assert sort_scratch.stats()["leased"] == leased + 2 and len(free_sets()) == 1  # leased, given back unused
