@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRIES = ("moe_sorting", "_moe_sorting_impl", "_moe_sorting_impl + stage-1 MXFP4 quant",
-           "MXFP4 quant helper hand-back", "fused_moe, MXFP4 weights", "fused_moe, bf16 weights",
+           "the same, outputs reused (as in fused_moe)", "MXFP4 quant helper hand-back", "fused_moe, MXFP4 weights", "fused_moe, bf16 weights",
            "fused_moe(moe_addend=...)", "gemm ... out_zeroed=True")
 
 
