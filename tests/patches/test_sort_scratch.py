@@ -411,6 +411,30 @@ def test_a_call_that_returned_lends_no_more_sets(fm, two_calls, monkeypatch):
     assert len({id(o[0]) for o in outs}) == 3
 
 
+def test_the_pool_dropped_between_a_leases_reads(fm, two_calls, monkeypatch):
+    """apply() or revert() in another thread between a lease's reads, and a call that fills the new pool
+    meanwhile: the set taken from the new pool is counted there and filed back there."""
+    a, b, want_a, want_b = two_calls
+    aiter_patches.apply([NAME])
+    fm.fused_moe(**a)
+    fm.fused_moe(**a)
+    fired = []
+
+    class Meanwhile(dict):
+        def get(self, key, default=None):
+            if not fired:
+                fired.append(1)
+                sort_scratch.clear()  # what apply() and revert() do to the pool
+                assert same_bits(fm.fused_moe(**b), want_b)  # leaves a set of the new pool free
+                assert same_bits(fm.fused_moe(**b), want_b)
+            return dict.get(self, key, default)
+
+    monkeypatch.setattr(sort_scratch, "_pool", Meanwhile(sort_scratch._pool))
+    assert same_bits(fm.fused_moe(**a), want_a)
+    assert fired and len(free_sets()) == 1
+    assert sort_scratch.stats()["bytes"] == free_bytes() > 0
+
+
 class _Tree:
     def __init__(self, manager):
         self.tree_manager = manager
