@@ -504,22 +504,30 @@ def test_a_captured_call_leases_nothing_and_replays_beside_eager_reuse(stub):
     assert sort_scratch.stats()["leased"] > leased
 
 
-@pytest.mark.gpu
-def test_no_reuse_once_torch_compile_keeps_cudagraph_trees_on_the_device(stub):
-    """On a GPU: after a ``torch.compile(mode="reduce-overhead")`` function ran on this device in this thread,
-    its graph trees' warm-ups may route allocations into their private pool: fused_moe leases nothing
-    (AITER's bits), until the trees are reset."""
+def _patched_and_warm(stub, dev, calls: int):
+    """``(aiter.fused_moe, arguments, AITER's output)`` of a full-size call, after ``calls`` patched calls with
+    AITER's bits (a set is free in the pool from the second)."""
     import aiter.fused_moe as fm
-    from torch._inductor import cudagraph_trees
 
-    dev = torch.device("cuda")
     sort_scratch.clear()
     args = moe_inputs(stub, dev, 16, 64, 8, 1024, 256, "fp4")
     with suspended():
         want = fm.fused_moe(**args)
     aiter_patches.apply([NAME])
-    for _ in range(3):
-        fm.fused_moe(**args)
+    for _ in range(calls):
+        assert same_bits(fm.fused_moe(**args), want)
+    return fm, args, want
+
+
+@pytest.mark.gpu
+def test_no_reuse_once_torch_compile_keeps_cudagraph_trees_on_the_device(stub):
+    """On a GPU: after a ``torch.compile(mode="reduce-overhead")`` function ran on this device in this thread,
+    its graph trees' warm-ups may route allocations into their private pool: fused_moe leases nothing
+    (AITER's bits), until the trees are reset."""
+    from torch._inductor import cudagraph_trees
+
+    dev = torch.device("cuda")
+    fm, args, want = _patched_and_warm(stub, dev, 3)
     leased = sort_scratch.stats()["leased"]
     assert leased > 0
     compiled = torch.compile(lambda t: t * 2 + 1, mode="reduce-overhead")
@@ -541,20 +549,12 @@ def test_no_reuse_once_torch_compile_keeps_cudagraph_trees_on_the_device(stub):
 @pytest.mark.gpu
 def test_tensors_on_another_gpu_than_the_current_one_are_aiters(stub, monkeypatch):
     """On a GPU: a fused_moe call whose tensors are not on the current device (faked: it reads as cuda:7) is
-    AITER's, bit for bit, with the reason counted; nothing is leased for it."""
-    import aiter.fused_moe as fm
+    AITER's, bit for bit, with the reason counted; the set it leased goes back unwritten."""
     from triton.runtime import driver
 
     from aiter_patches.kernels import fast_launch
 
-    dev = torch.device("cuda")
-    sort_scratch.clear()
-    args = moe_inputs(stub, dev, 16, 64, 8, 1024, 256, "fp4")
-    with suspended():
-        want = fm.fused_moe(**args)
-    aiter_patches.apply([NAME])
-    for _ in range(2):
-        assert same_bits(fm.fused_moe(**args), want)
+    fm, args, want = _patched_and_warm(stub, torch.device("cuda"), 2)
     leased = sort_scratch.stats()["leased"]
     monkeypatch.setattr(driver.active, "get_current_device", lambda: 7)
     monkeypatch.setattr(fast_launch, "_current_cuda", lambda: 7)
