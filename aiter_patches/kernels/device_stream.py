@@ -14,6 +14,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def current_index() -> int:
+    """The current CUDA/HIP device's index (where Triton launches)."""
     return torch.cuda.current_device()
 
 

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from .. import env_flags
+from . import device_stream
 
 MAX_VARIANTS = 4096  # keys per kernel and device (ints are keyed by value); past it: ordinary launches
 
@@ -71,17 +72,17 @@ class WrongDevice(ValueError):
     (AITER's own ops guard their tensors' device), so its kernel would run there on the other GPU's memory."""
 
 
-def _current_cuda() -> int:
-    return torch.cuda.current_device()
-
-
 def _refuse_other_device(t, current: int | None = None) -> None:
-    """Raise :class:`WrongDevice` when ``t`` (a launch's first tensor) is on a GPU other than the current one."""
+    """Raise :class:`WrongDevice` when ``t`` (a launch's first tensor) is on a GPU other than the current one
+    (``current``, else asked)."""
     index = t.get_device()  # -1 off CUDA/HIP (the interpreter, the CPU proxy)
-    if index >= 0 and index != (_current_cuda() if current is None else current):
-        raise WrongDevice(f"the launch's tensors are on cuda:{index}, the current device is cuda:"
-                          f"{_current_cuda() if current is None else current}: Triton launches on the current "
-                          f"device; call under torch.cuda.device({index})")
+    if index < 0:
+        return
+    if current is None:
+        current = device_stream.current_index()
+    if index != current:
+        raise WrongDevice(f"the launch's tensors are on cuda:{index}, the current device is cuda:{current}: "
+                          f"Triton launches on the current device; call under torch.cuda.device({index})")
 
 
 _lock = threading.Lock()
@@ -576,7 +577,7 @@ class Prepared:
             return self._through_launch(tensors, None)
         drv = _driver.active
         device = drv.get_current_device()
-        if tensors and tensors[0].get_device() not in (-1, device):
+        if tensors:
             _refuse_other_device(tensors[0], device)
         compiled, native, spec = st.devices.get(device) or st.device_state(device)
         dyn, ptrs = self._unpack(None if native else spec, *tensors)

@@ -89,13 +89,12 @@ def lease(call, plan, topk_ids, quant_dtype):
     if scratch is None:
         return None
     dev = topk_ids.device
-    if not (_switch[0] if _switch[0] is not None else enabled()) or _kept_after_the_call(dev) \
-            or device_stream.capturing(dev):
+    if not enabled() or _kept_after_the_call(dev) or device_stream.capturing(dev):
         return None
     key = (id(plan), quant_dtype, *device_stream.stream_key(dev))
-    entry = _pool.get(key)
+    entry = _pool.get(key)  # its plan is ``plan``: the key holds id(plan), and the entry the plan
     got = None
-    if entry is not None and entry[0] is plan:
+    if entry is not None:
         _tick[0] = entry[3] = _tick[0] + 1
         size, gen = entry[2], entry[4]
         if entry[1]:
@@ -128,10 +127,7 @@ def _make(key, plan, M, dev, quant_dtype):
                 return None
             _evict(size, key)
         _held[0] += size
-        entry = _pool.get(key)
-        if entry is None or entry[0] is not plan:
-            if entry is not None:
-                _held[0] -= len(entry[1]) * entry[2]
+        if key not in _pool:
             _tick[0] += 1
             _pool[key] = [plan, [], size, _tick[0], gen]
     try:
@@ -175,7 +171,7 @@ def release(call) -> None:
             if gen != _generation[0]:
                 continue  # the pool was dropped meanwhile (apply, revert): freed with its last reference
             entry = _pool.get(key)
-            if entry is not None and entry[0] is plan:
+            if entry is not None:
                 entry[1].append(got)
             else:
                 _held[0] -= size  # its plan's entry was evicted while it was leased

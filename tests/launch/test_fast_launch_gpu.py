@@ -100,7 +100,7 @@ def test_a_launch_on_another_gpu_than_the_current_one_is_refused(monkeypatch):
     drv = driver.active
     direct = fl.stats()["direct"]
     monkeypatch.setattr(drv, "get_current_device", lambda: 7)
-    monkeypatch.setattr(fl, "_current_cuda", lambda: 7)
+    monkeypatch.setattr(fl.device_stream, "current_index", lambda: 7)
     with pytest.raises(fl.WrongDevice, match=r"on cuda:0, the current device is cuda:7.*torch.cuda.device\(0\)"):
         _run(ids, w, x, 128, 6144)  # kept plan: Prepared
     with pytest.raises(fl.WrongDevice, match="on cuda:0, the current device is cuda:7"):

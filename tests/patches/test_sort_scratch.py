@@ -557,7 +557,7 @@ def test_tensors_on_another_gpu_than_the_current_one_are_aiters(stub, monkeypatc
     fm, args, want = _patched_and_warm(stub, torch.device("cuda"), 2)
     leased = sort_scratch.stats()["leased"]
     monkeypatch.setattr(driver.active, "get_current_device", lambda: 7)
-    monkeypatch.setattr(fast_launch, "_current_cuda", lambda: 7)
+    monkeypatch.setattr(fast_launch.device_stream, "current_index", lambda: 7)
     for _ in range(2):
         assert same_bits(fm.fused_moe(**args), want)
     errors = aiter_patches.stats()[NAME]["errors"]
