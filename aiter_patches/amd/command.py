@@ -28,12 +28,10 @@ def add_parser(sub) -> None:
                            "DeepSeek-V3, Qwen3-235B-A22B, MiniMax-M3, Kimi-K3")
     what.add_argument("--shapes", action="append", metavar="SPEC",
                       help="experts=E,topk=K,hidden=H[,tokens=N][,blocks=32/64][,quant=none/fp4/fp8]"
-                           "[,ep=off/on/on+nlt][,buf=zero/keep/addend][,shared=1][,gemm=N:K] (repeatable)")
+                           "[,ep=off/on/on+nlt][,buf=zero/keep/addend][,shared=1] (repeatable)")
     c.add_argument("--tokens", type=int, default=None, help="largest token count (default: the preset's, 32768)")
     c.add_argument("--cache-dir", default=None,
                    help="fill this Triton cache (TRITON_CACHE_DIR of the server) instead of a throw-away one")
-    c.add_argument("--include-stand-in", action="store_true",
-                   help="also the stand-in's Triton split-K GEMM (on AMD the GEMM patch launches AITER's .co)")
     c.add_argument("--covering", action="store_true",
                    help="compile only a subset covering every pair of settings seen together (CI)")
     c.add_argument("--count-only", action="store_true", help="capture and print the variant counts; compile nothing")
@@ -58,7 +56,7 @@ def _shapes(args):
     return shapes
 
 
-def capture_all(shapes, archs, include_stand_in=False, tokens=None):
+def capture_all(shapes, archs, tokens=None):
     """Every variant the sweep's calls launch, per arch (insertion order); and launcher errors."""
     from . import capture, sweep
 
@@ -66,7 +64,7 @@ def capture_all(shapes, archs, include_stand_in=False, tokens=None):
     for arch in archs:
         with capture.capturing(arch) as rec:
             for shape in shapes:
-                for call in sweep.calls(shape, arch, include_stand_in, tokens):
+                for call in sweep.calls(shape, arch, tokens):
                     rec.label, rec.tokens = call.config, call.tokens
                     try:
                         call.run()
@@ -89,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         shapes = _shapes(args)
         t0 = time.perf_counter()
-        variants, errors = capture_all(shapes, archs, args.include_stand_in)
+        variants, errors = capture_all(shapes, archs)
     except (ValueError, RuntimeError) as exc:  # bad --shapes/--model, TRITON_INTERPRET, too old a Triton
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -100,9 +98,7 @@ def run(args: argparse.Namespace) -> int:
                        ("arch", "configuration", "variants")))
     for e in errors:
         print(f"FAIL launcher: {e}")
-    # the stand-in GEMM never runs on AMD: the variant budget is the patches' own configurations'
-    over = {k: n for k, n in counts.items()
-            if args.max_variants is not None and n > args.max_variants and sweep.STAND_IN not in k[1]}
+    over = {k: n for k, n in counts.items() if args.max_variants is not None and n > args.max_variants}
     for (a, c), n in sorted(over.items()):
         print(f"FAIL {a} {c}: {n} variants > --max-variants {args.max_variants}")
     payload = {"counts": [{"arch": a, "configuration": c, "variants": n} for (a, c), n in sorted(counts.items())],

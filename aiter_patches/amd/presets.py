@@ -17,7 +17,7 @@ token counts (sort only). Token counts to 32768, the largest AITER tunes for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 QUANTS = ("none", "fp4", "fp8")  # stage-1 activations: not quantized here, MXFP4, MXFP8
 EP_MODES = ("off", "on", "on+nlt")  # expert_mask, and num_local_tokens with it
@@ -35,7 +35,6 @@ class ModelShape:
     ep_modes: tuple[str, ...] = EP_MODES
     buf_modes: tuple[str, ...] = BUF_MODES
     block_sizes: tuple[int, ...] = ()  # () = AITER's choices (see ``blocks_for``)
-    gemm_nk: tuple[tuple[int, int], ...] = field(default=())  # stand-in GEMM shapes; () = (hidden, hidden)
 
     def blocks_for(self, quant: str) -> tuple[int, ...]:
         if self.block_sizes:
@@ -71,14 +70,14 @@ def preset(name: str) -> ModelShape:
 
 def parse_shapes(text: str) -> ModelShape:
     """``experts=E,topk=K,hidden=H[,tokens=N][,blocks=32/64][,quant=fp4/fp8/none][,ep=off/on/on+nlt]
-    [,buf=zero/keep/addend][,shared=1][,gemm=N:K/N:K]`` (lists separated by ``/``)."""
+    [,buf=zero/keep/addend][,shared=1]`` (lists separated by ``/``)."""
     fields: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         if not sep or not value:
             raise ValueError(f"--shapes: {part!r} is not key=value")
         fields[key.strip().lower()] = value.strip()
-    known = {"experts", "topk", "hidden", "tokens", "blocks", "quant", "ep", "buf", "shared", "gemm", "name"}
+    known = {"experts", "topk", "hidden", "tokens", "blocks", "quant", "ep", "buf", "shared", "name"}
     unknown = set(fields) - known
     if unknown:
         raise ValueError(f"--shapes: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -114,14 +113,6 @@ def parse_shapes(text: str) -> ModelShape:
         shape = replace(shape, ep_modes=words("ep", EP_MODES))
     if "buf" in fields:
         shape = replace(shape, buf_modes=words("buf", BUF_MODES))
-    if "gemm" in fields:
-        try:
-            nk = tuple(tuple(int(x) for x in p.split(":")) for p in fields["gemm"].split("/"))
-        except ValueError:
-            raise ValueError(f"--shapes: gemm={fields['gemm']!r} is not N:K/N:K") from None
-        if any(len(p) != 2 for p in nk):
-            raise ValueError(f"--shapes: gemm={fields['gemm']!r} is not N:K/N:K")
-        shape = replace(shape, gemm_nk=nk)
     return shape
 
 

@@ -4,9 +4,8 @@ Why: a variant count or a compile check is only as good as the calls it is made 
 are the calls ``patches/moe_sort_mx_quant.py`` makes into ``kernels.moe_sort_mx_quant`` for
 each configuration a server fixes at start-up (routing shape, stage-1 quant dtype, expert
 mask and ``num_local_tokens``, how ``moe_buf`` is prepared) over what varies call by call
-(the token count, and AITER's block size), with CPU tensors of the real shapes and dtypes;
-and, with ``include_stand_in``, the stand-in's split-K GEMM calls (on AMD the GEMM patch
-launches AITER's own code object, so that kernel never runs there).
+(the token count, and AITER's block size), with CPU tensors of the real shapes and dtypes.
+(The GEMM patch launches AITER's own code object on AMD: it compiles no Triton kernel there.)
 
 A call the kernel's gate refuses (``unsupported_reason``) is skipped: the patch would hand
 it to AITER.
@@ -21,8 +20,6 @@ from .presets import ModelShape, token_counts
 
 # AITER's dtypes.fp8 on each arch (aiter/utility/dtypes.py at e4048607a5)
 AITER_FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}
-STAND_IN = "stand-in GEMM"  # in the configuration label of the stand-in's GEMM calls
-GEMM_TOKENS = (1, 8, 16, 17, 32, 48, 64, 100, 128, 256, 1000)
 
 
 @dataclass(frozen=True)
@@ -79,35 +76,5 @@ def _sort_args(m, experts, topk, hidden, block, qdtype, ep, buf) -> dict:
             "kw": dict(kw, zero_moe_buf=buf != "keep")}
 
 
-def stand_in_gemm_calls(shape: ModelShape, arch: str) -> Iterator[Call]:
-    """The stand-in GEMM as its two callers launch it: AITER's entry point (the stand-in memsets,
-    then the splits add) and the ``out_zeroed`` patch (no memset)."""
-    import torch
-
-    from ..kernels import blockscale_gemm_splitk as G
-
-    fp8 = _fp8(arch)
-    for n, k in shape.gemm_nk or ((shape.hidden, shape.hidden),):
-        label = f"{shape.name} {STAND_IN} N{n}/K{k} {fp8}".replace("torch.", "")
-        for m in GEMM_TOKENS:
-            for splits in [s for s in range(1, G.MAX_SPLITS + 1) if G.valid_split(k, s)]:
-                for zero_out in ((True, False) if splits == 1 else (False,)):
-                    yield Call(label, m, lambda m=m, n=n, k=k, s=splits, z=zero_out: _gemm(G, fp8, m, n, k, s, z))
-
-
-def _gemm(G, fp8, m, n, k, splits, zero_out):
-    import torch
-
-    a = torch.empty(m, k, dtype=fp8)
-    b = torch.empty(n, k, dtype=fp8)
-    out = torch.empty(m, n, dtype=torch.bfloat16)
-    a_scale = torch.empty(k // 128, m, dtype=torch.float32).t()
-    b_scale = torch.empty(n // 128, k // 128, dtype=torch.float32)
-    return G.blockscale_gemm_splitk(a, b, out, a_scale, b_scale, splits=splits, b_preshuffled=True, zero_out=zero_out)
-
-
-def calls(shape: ModelShape, arch: str, include_stand_in: bool = False,
-          tokens: list[int] | None = None) -> Iterator[Call]:
+def calls(shape: ModelShape, arch: str, tokens: list[int] | None = None) -> Iterator[Call]:
     yield from sort_quant_calls(shape, arch, tokens)
-    if include_stand_in:
-        yield from stand_in_gemm_calls(shape, arch)

@@ -256,13 +256,13 @@ def check(device):
     import torch
 
     from .. import registry
-    from ..checks import stand_in_moe_inputs as _stand_in_moe_inputs
+    from ..checks import bf16_moe_inputs
     from ..declarations import CheckResult
     from ..verify import suspended
 
     kind = "bound: 2-norm rel. error <= 1e-2 vs SGLang's forward_normal"
     ds = sys.modules[MODULE]
-    args = _stand_in_moe_inputs(device, M=6, E=8, topk=2, dim=256, inter=128, quant="bf16", seed=7)
+    args = bf16_moe_inputs(device, M=6, E=8, topk=2, dim=256, inter=128, seed=7)
     w = (torch.randn(256, 256, generator=torch.Generator().manual_seed(9)) / 16).to(torch.bfloat16).to(device)
 
     class _Experts:

@@ -271,16 +271,17 @@ def _precheck(target: Target, original) -> str | None:
 def check(device):
     """``aiter-patches verify``: AITER's dispatcher inside a pool scope (as SGLang's forward opens it) vs. unpatched.
 
-    The scope is opened twice for the same stand-in model and token count (the first sizes the pool, the
-    second hands out a slice). On the stand-in, its tuned table is pointed at asm with two splits for the
-    check's shape: the slice must be taken and the result bitwise. On real AITER the installed tuned config
-    decides: bitwise where no slice was taken; where asm took one, AITER's splits add atomically, so
-    within 1e-2 relative (2-norm).
+    The scope is opened twice for the same placeholder model and token count (the first sizes the pool, the
+    second hands out a slice). Where the AITER under test provides a way, the check's shape is routed to
+    asm with two splits: the slice must then be taken where it requires its fast paths, and the result is
+    bitwise where its splits add in a fixed order. Otherwise the installed tuned config decides: bitwise
+    where no slice was taken; where asm took one, AITER's splits add atomically, so within 1e-2 relative
+    (2-norm) (``checks.split_k_verdict``).
     """
     import torch
 
     from .. import registry
-    from ..checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_verdict, stand_in_split_k
+    from ..checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_routed, split_k_verdict
     from ..verify import suspended
 
     mod = sys.modules[dispatch.MODULE]
@@ -290,7 +291,7 @@ def check(device):
         pass
 
     model = _Model()
-    with stand_in_split_k(mod) as stand_in:
+    with split_k_routed(mod):
         _split_cache.pop(SPLIT_K_SHAPE, None)
         try:
             for _ in range(2):
@@ -303,7 +304,7 @@ def check(device):
         finally:
             _split_cache.pop(SPLIT_K_SHAPE, None)
     return split_k_verdict(
-        out_p, out_o, stand_in=stand_in, taken=pooled,
+        out_p, out_o, taken=pooled,
         missing=f"no pool slice was taken ({registry.stats()[NAME]['fallback']})",
         taken_detail="a pool slice with out_zeroed=True equals the dispatcher's own output",
         untaken_detail="AITER's tuned config runs no split-K asm here: no slice taken, AITER's result",

@@ -126,23 +126,23 @@ def _asm_wrapper(inner, site):
 def check(device):
     """``aiter-patches verify``: the dispatcher with a zeroed ``out`` and the promise against the unpatched dispatcher.
 
-    On the stand-in its tuned table is pointed at asm with two splits for the
-    check's shape (so the promise is forwarded: bitwise, the stand-in's splits add
-    in a fixed order). On real AITER the installed tuned config decides: bitwise
-    where the promise is ignored; where asm took it, AITER's splits add atomically,
-    so within 1e-2 relative (2-norm) of the unpatched call.
+    Where the AITER under test provides a way, the check's shape is routed to asm with two
+    splits (so the promise is forwarded: bitwise where its splits add in a fixed order).
+    Otherwise the installed tuned config decides: bitwise where the promise is ignored; where
+    asm took it, AITER's splits add atomically, so within 1e-2 relative (2-norm) of the
+    unpatched call (``checks.split_k_verdict``).
     """
     import sys
 
     import torch
 
-    from ..checks import split_k_gemm_inputs, split_k_verdict, stand_in_split_k
+    from ..checks import split_k_gemm_inputs, split_k_routed, split_k_verdict
     from ..verify import suspended
     from .. import registry
 
     mod = sys.modules[MODULE]
     A, Bs, a_scale, b_scale = split_k_gemm_inputs(device, seed=11)
-    with stand_in_split_k(mod) as stand_in:
+    with split_k_routed(mod):
         before = registry.stats()[NAME]["fast"]
         out_p = torch.zeros(A.shape[0], Bs.shape[0], dtype=torch.bfloat16, device=device)
         getattr(mod, DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16, out=out_p, out_zeroed=True)
@@ -150,7 +150,7 @@ def check(device):
         with suspended():
             out_o = getattr(mod, DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
     return split_k_verdict(
-        out_p, out_o, stand_in=stand_in, taken=forwarded,
+        out_p, out_o, taken=forwarded,
         missing=f"the promise was not forwarded ({registry.stats()[NAME]['fallback']})",
         taken_detail="asm split 2 without memset equals the dispatcher's memset + GEMM",
         untaken_detail="the tuned config did not choose asm here: the promise was ignored, AITER's result",

@@ -165,7 +165,8 @@ def fused_moe_with_addend(addend, *args, **kwargs):
 
 
 def check(device):
-    """`aiter-patches verify`: ``moe_buf`` starts from the addend, and on the stand-in ``fused_moe(moe_addend=)`` is within the fold's bound of ``fused_moe + addend``."""
+    """`aiter-patches verify`: ``moe_buf`` starts from the addend; and, where the AITER under test provides whole
+    ``fused_moe`` inputs it runs here, ``fused_moe(moe_addend=)`` is within the fold's bound of ``fused_moe + addend``."""
     import torch
 
     from .. import checks as kit, registry
@@ -185,8 +186,9 @@ def check(device):
     T = int(out[3][1])
     if call.addend_state != moe_call.FOLDED or not torch.equal(out[4][:T], addend[:T]):
         problems.append(f"moe_buf does not start from the addend (state {call.addend_state})")
-    if kit.is_stand_in():
-        args = kit.stand_in_moe_inputs(device, quant="bf16")
+    whole = kit.provided().fused_moe_inputs  # a whole fused_moe, where the AITER under test runs one here
+    if whole is not None:
+        args = whole(device, "bf16")
         add = torch.randn(args["topk_ids"].shape[0], args["w2"].shape[1],
                           generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(device)
         folded = fm.fused_moe(**args, moe_addend=add)

@@ -7,7 +7,7 @@ import wrapt
 
 import aiter_patches
 from aiter_patches import foreign_layers, registry
-from aiter_patches.testing import use_stub_aiter
+from helpers.standin import use_stub_aiter
 
 MX = "moe_sort_mx_quant"
 HERE = __name__

@@ -10,7 +10,7 @@ installed: ``expected_on_stand_in()`` says so.
 from __future__ import annotations
 
 from aiter_patches import registry
-from aiter_patches.testing import stand_in_has
+from helpers.standin import stand_in_has
 
 
 def names() -> list[str]:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 import aiter_patches  # noqa: E402
 from aiter_patches import Patch, Pin, Target, registry  # noqa: E402
-from aiter_patches.testing import use_stub_aiter  # noqa: E402
+from aiter_patches_standin import use as use_stub_aiter  # noqa: E402
 from bindings import Bindings, names  # noqa: E402
 from helpers import registry_view  # noqa: E402
 from helpers.polling import wait_until  # noqa: E402

@@ -21,6 +21,7 @@ from aiter_patches.kernels import code_object as co
 from aiter_patches.kernels import hip_blockscale_asm as hb
 from aiter_patches.reference.blockscale_gemm import shuffle_weight_16x16
 from helpers.aiter_tree import code_object_root, gemm_kernel_dir
+from helpers.standin import gemm_default_backend
 
 NAME = "gemm_out_zeroed"
 MODULE = "aiter.ops.gemm_op_a8w8"
@@ -68,7 +69,7 @@ def rocm(stub, monkeypatch, tmp_path):
         def launch(self, fn, grid, args, stream):
             launches.append(grid)
 
-    monkeypatch.setattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    gemm_default_backend(monkeypatch)  # served as on AMD's AITER: its .co through HIP
     monkeypatch.setitem(sys.modules, "aiter.jit.core", types.SimpleNamespace(AITER_ASM_DIR=f"{tmp_path}/hsa/"))
     monkeypatch.setattr(hb, "available", lambda device, root: None)
     monkeypatch.setattr(hb, "gfx_of", lambda device: "gfx942")

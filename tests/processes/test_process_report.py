@@ -10,7 +10,7 @@ import pytest
 
 import aiter_patches
 from aiter_patches import process_report
-from aiter_patches.testing import use_stub_aiter
+from helpers.standin import use_stub_aiter
 from helpers import registry_view
 
 from .procs import ROOT

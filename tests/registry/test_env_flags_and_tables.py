@@ -59,7 +59,7 @@ def test_one_table_no_trailing_space_and_every_command_prints_it():
 
 def test_the_gemm_plan_is_a_typed_result_on_the_stand_in():
     from aiter_patches.patches import gemm_out_zeroed as g
-    from aiter_patches.testing import use_stub_aiter
+    from helpers.standin import use_stub_aiter
 
     with use_stub_aiter():
         import aiter.ops.gemm_op_a8w8  # noqa: F401

@@ -130,7 +130,7 @@ def test_toy_kernel_equals_its_reference():
 PROBE = r'''
 import json
 from aiter_patches import drift, registry, signatures_doc, verify
-from aiter_patches.stub_aiter import STUB_ROOT
+from aiter_patches_standin import ROOT as STUB_ROOT
 from helpers import registry_view
 
 out = {"package": registry.__file__, "names": registry_view.names(), "on_stand_in": registry_view.stand_in_names(),

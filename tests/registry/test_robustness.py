@@ -18,7 +18,7 @@ import wrapt
 import aiter_patches
 from helpers.polling import wait_until
 from aiter_patches import Patch, PatchSkipped, Pin, Target, registry
-from aiter_patches.testing import use_stub_aiter
+from helpers.standin import use_stub_aiter
 from helpers import registry_view
 
 from . import fakelib

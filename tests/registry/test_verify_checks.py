@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from aiter_patches import declarations, testing, verify
+from aiter_patches import declarations, verify
 from aiter_patches.patches import gemm_out_zeroed
-from helpers import registry_view
+from helpers import registry_view, standin
 
 
 def test_every_patch_that_applies_on_the_stand_in_declares_a_check_verify_can_call():
@@ -35,7 +35,7 @@ def test_a_malformed_check_name_says_what_to_declare(bad):
 def test_the_stand_in_targets_imported_are_the_registrys():
     expected = sorted({m for n in registry_view.names() for m in registry_view.modules(n)
                        if registry_view.on_stand_in(m)})
-    with testing.use_stub_aiter():
-        assert testing.import_stand_in_targets() == expected
+    with standin.use_stub_aiter():
+        assert standin.import_stand_in_targets() == expected
         assert all(m in sys.modules for m in expected)
-    assert expected and not testing.stand_in_has("sglang") and testing.stand_in_has("aiter.ops.gemm_op_a8w8")
+    assert expected and not standin.stand_in_has("sglang") and standin.stand_in_has("aiter.ops.gemm_op_a8w8")

@@ -11,8 +11,8 @@ import pytest
 
 import aiter_patches
 from aiter_patches import registry, stats_log
-from aiter_patches.stub_aiter import STUB_ROOT
-from aiter_patches.testing import use_stub_aiter
+from aiter_patches_standin import ROOT as STUB_ROOT
+from helpers.standin import use_stub_aiter
 
 MX = "moe_sort_mx_quant"
 

@@ -196,7 +196,7 @@ def test_takeover_applied_after_sglang_wrapped_ours_unwraps_by_identity(stub, sg
 def test_takeover_imports_aiter_fused_moe_when_sglang_calls_first(sglang_root):
     """apply() before `import aiter.fused_moe`: SGLang's call imports it (as its own function would) and
     finds moe_sort_mx_quant applied by then."""
-    from aiter_patches.testing import use_stub_aiter
+    from helpers.standin import use_stub_aiter
 
     with use_stub_aiter(), sglang_importable(sglang_root):
         import sys
