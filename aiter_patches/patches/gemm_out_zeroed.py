@@ -102,14 +102,16 @@ def backend_for(aiter) -> Backend:
     return _BACKENDS.get(id(aiter), AITER_CODE_OBJECT)
 
 
-_HIP: list = []  # the ROCm launcher module, imported once (an import statement per call costs ~1 µs)
+_HIP: list = []  # the ROCm launcher module and torch, imported once (an import statement per call costs ~1 µs)
 
 
 def _hip():
     if not _HIP:
+        import torch
+
         from ..kernels import hip_blockscale_asm
 
-        _HIP.append(hip_blockscale_asm)
+        _HIP.extend((hip_blockscale_asm, torch))
     return _HIP[0]
 
 
@@ -128,9 +130,8 @@ class AiterCodeObject:
     def environment(self, aiter) -> tuple:
         """AITER's module and tree and the ROCm-side functions and values ``plan`` asks (by identity: a
         test or a server replacing one gets a new verdict), in one flat tuple."""
-        import torch
-
         hip = _HIP[0] if _HIP else _hip()
+        torch = _HIP[1]
         return (aiter, _aiter_root(), torch.version.hip, torch.cuda.is_available,
                 torch.cuda.get_device_properties, hip.available, hip.gfx_of, hip.unsupported_reason, hip.plan_launch,
                 hip.load_kernel_list, hip.select_kernel, hip.aligned_split, hip.SUPPORTED_GFX, hip.code_object_path,
