@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from aiter_patches import drift
-from aiter_patches.integrations import server_drift
 
 from .sglang_tree import wheel, write_tree
 
@@ -42,7 +41,7 @@ def test_a_drifted_copy_is_reported(tmp_path):
         return src
 
     root = write_tree(tmp_path / "drifted", edit)
-    report = server_drift.check(server_drift.open_server(root))
+    report = drift.check(drift.open_server(root))
     status = {t.target.rsplit(".", 1)[-1]: (t.status, t.reason) for t in report.targets if t.patch == FOLD}
     assert status["forward_normal"][0] == "drift" and "extra parameter 'x=1'" in status["forward_normal"][1]
     assert status["_forward_shared_experts"][0] == "match"
@@ -57,7 +56,7 @@ def test_a_drifted_copy_is_reported(tmp_path):
 def test_not_a_server_source(tmp_path):
     (tmp_path / "x.whl").write_bytes(b"not a zip")
     with pytest.raises(drift.SourceUnreadable):
-        server_drift.open_server(tmp_path / "x.whl")
+        drift.open_server(tmp_path / "x.whl")
     proc = _cli("--server", str(tmp_path))
     assert proc.returncode == 2 and "no sglang/ or vllm/ package" in proc.stderr
 
