@@ -30,7 +30,8 @@ def parse(text: str, where: str) -> ast.Module:
     try:
         return ast.parse(text, filename=where)
     except SyntaxError as exc:
-        raise SourceUnreadable(f"{where}:{exc.lineno}: {exc.msg}") from None
+        line = f":{exc.lineno}" if exc.lineno else ""
+        raise SourceUnreadable(f"{where}{line}: {exc.msg}") from None
     except RecursionError:
         raise SourceUnreadable(f"{where}: nested too deeply for Python's parser (RecursionError)") from None
     except (ValueError, MemoryError, OverflowError) as exc:
