@@ -65,3 +65,22 @@ def test_the_text_report_names_the_server_it_read():
     proc = _cli("--server", str(wheel()))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0].startswith(f"sglang: {wheel()}"), proc.stdout.splitlines()[0]
+
+
+def test_the_servers_are_the_packages_the_patches_target(tmp_path):
+    """The reader names no server: a patch on another server's code is checked the same way."""
+    from aiter_patches.registry import Patch, Target
+    from aiter_patches.signatures import Pin
+
+    assert drift.server_packages() == ("sglang", "vllm")
+    toy = Patch("toy_server", "t", (Target("tgi.layers", "Layer.forward", (Pin("p", "(self, x)"),),
+                                           lambda fn, site: fn),))
+    assert drift.server_packages([toy]) == ("tgi",)
+    (tmp_path / "tgi").mkdir()
+    (tmp_path / "tgi" / "__init__.py").write_text("")
+    (tmp_path / "tgi" / "layers.py").write_text("class Layer:\n    def forward(self, x): ...\n")
+    report = drift.check(drift.open_server(tmp_path, ["tgi"]), [toy])
+    assert report.library == "tgi" and [(t.target, t.status) for t in report.targets] == [
+        ("tgi.layers.Layer.forward", "match")]
+    with pytest.raises(drift.SourceUnreadable, match="no sglang/ or vllm/ package"):  # not a registered one
+        drift.open_server(tmp_path)
