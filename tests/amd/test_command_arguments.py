@@ -190,3 +190,60 @@ def test_nothing_to_compile_end_to_end(run_python):
 def test_cache_dir_rule(tmp_path, path, ok):
     a_file(tmp_path)
     assert (command._path_problem(os.path.join(tmp_path, path), want_dir=True) is None) == ok
+
+
+# ---------------------------------------------------------------- a seeded fuzz of the arguments
+
+KEYS = ["experts", "topk", "hidden", "tokens", "blocks", "quant", "ep", "buf", "shared", "gemm", "name", "colour", ""]
+VALUES = ["0", "1", "-1", "8", "9", "64", "65", "128", "256", "2048", "3000", "7168", "16777215", "16777216",
+          "99999999999999", "1e3", "x", "", " ", "8/16", "8/", "/", "32/64", "48", "fp4", "fp8/none", "int4",
+          "on+nlt", "keep/addend", "256:512", "256:100", "0:0", "1:2:3", ":", "١٢٨", "1_024", "+8", "0x10"]
+
+
+VALID = {"experts": ["8", "64", "256", "257/9"], "topk": ["1", "2", "8"], "hidden": ["64", "7168"],
+         "tokens": ["1", "512", "16777215"], "blocks": ["32", "16/128"], "quant": ["fp4", "none/fp8"],
+         "ep": ["off", "on/on+nlt"], "buf": ["zero", "keep/addend"], "shared": ["0", "1"], "gemm": ["256:512"],
+         "name": ["m"]}
+
+
+def random_spec(rng) -> str:
+    """Mostly valid fields (each 85% from its valid pool), the rest anything."""
+    def value(key):
+        return rng.choice(VALID[key]) if key in VALID and rng.random() < 0.85 else rng.choice(VALUES)
+
+    parts = [f"{k}={value(k)}" for k in ("experts", "topk", "hidden") if rng.random() < 0.97]
+    parts += [f"{k}={value(k)}" for k in rng.sample(KEYS, rng.randint(0, 3)) if k not in ("experts", "topk", "hidden")]
+    parts += [rng.choice(["", "junk", "=", "a=b=c"])] if rng.random() < 0.1 else []
+    rng.shuffle(parts)
+    return ",".join(parts)
+
+
+def test_fuzzed_arguments_give_a_valid_shape_or_one_line(monkeypatch, capsys):
+    """400 random specs and numbers: the parser returns a shape inside every rule or raises ValueError;
+    the command exits 0 or 2 (one line), never a traceback. Capture is faked: the rules are the subject."""
+    import random
+
+    rng = random.Random(int(os.environ.get("AITER_PATCHES_FUZZ_SEED", "35")))
+    monkeypatch.setattr(command, "capture_all", fake_capture(variants=[variant()]))
+    for i in range(400):
+        spec = random_spec(rng)
+        try:
+            shape = presets.parse_shapes(spec)
+        except ValueError as exc:
+            assert str(exc).startswith("--shapes"), (spec, exc)
+        else:
+            assert all(1 <= k <= e for e, k in shape.routing) and shape.hidden >= 1, spec
+            assert 1 <= shape.max_tokens < 2**24 and set(shape.blocks_for("fp4")) <= {16, 32, 64, 128}, spec
+            assert all(n > 0 and k > 0 and n % 128 == 0 == k % 128 for n, k in shape.gemm_nk), spec
+            for _, topk in shape.routing:
+                presets.token_counts(min(shape.max_tokens, 4096), topk)
+        argv = ["--shapes", spec, "--count-only"]
+        for flag in ("--tokens", "--jobs", "--max-variants"):
+            if rng.random() < 0.3:
+                argv += [flag, rng.choice(["-5", "0", "1", "16", "16777216"])]
+        if rng.random() < 0.2:
+            argv += ["--arch", rng.choice(["", ",", "gfx942", "gfx942,gfx950", "gfx90a", " gfx950 "])]
+        rc, out, err = compile_(capsys, *argv)
+        assert rc in (0, 2), (i, argv, out, err)
+        if rc == 2:
+            assert err.count("\n") == 1 and err.startswith("error: "), (i, argv, err)
