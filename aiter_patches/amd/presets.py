@@ -94,7 +94,8 @@ def parse_shapes(text: str) -> ModelShape:
         fields[key] = value.strip()
     unknown = set(fields) - set(_SHAPE_KEYS)
     if unknown:
-        raise ValueError(f"--shapes: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_SHAPE_KEYS))}")
+        raise ValueError(f"--shapes: unknown key(s) {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(sorted(_SHAPE_KEYS))}")
     missing = {"experts", "topk", "hidden"} - set(fields)
     if missing:
         raise ValueError(f"--shapes needs {', '.join(sorted(missing))}")
@@ -128,16 +129,18 @@ def parse_shapes(text: str) -> ModelShape:
     over = [f"{k} > {e}" for e, k in zip(experts, topk) if k > e]
     if over:
         raise ValueError(f"--shapes: topk {', '.join(over)} experts (each topk at most its experts)")
-    shared = ints("shared", "shared must be an integer >= 0", lambda v: v >= 0, one=True)[0] if "shared" in fields else 0
+    shared = 0
+    if "shared" in fields:
+        shared = ints("shared", "shared must be an integer >= 0", lambda v: v >= 0, one=True)[0]
     shape = ModelShape(fields.get("name", "custom"), routing=tuple(zip(experts, topk)), hidden=hidden[0],
                        shared_experts=shared)
     if "tokens" in fields:
         limit = (1 << TOKEN_BITS) - 1
-        shape = replace(shape, max_tokens=ints("tokens", f"tokens must be an integer in 1..{limit}", lambda v: 1 <= v <= limit,
-                                               one=True)[0])
+        tokens = ints("tokens", f"tokens must be an integer in 1..{limit}", lambda v: 1 <= v <= limit, one=True)
+        shape = replace(shape, max_tokens=tokens[0])
     if "blocks" in fields:
-        shape = replace(shape, block_sizes=ints("blocks", f"each block must be one of {'/'.join(map(str, SHAPE_BLOCKS))}",
-                                                lambda v: v in SHAPE_BLOCKS))
+        rule = f"each block must be one of {'/'.join(map(str, SHAPE_BLOCKS))}"
+        shape = replace(shape, block_sizes=ints("blocks", rule, lambda v: v in SHAPE_BLOCKS))
     if "quant" in fields:
         shape = replace(shape, quants=words("quant", QUANTS))
     if "ep" in fields:

@@ -38,7 +38,8 @@ def a_file(tmp_path):
 # (arguments, what the one line says); paths are made under tmp_path
 BAD_ARGUMENTS = {
     "topk=0": (["--shapes", "experts=8,topk=0,hidden=64"], "--shapes: topk=0: each topk must be an integer >= 1"),
-    "experts=0": (["--shapes", "experts=0,topk=1,hidden=64"], "--shapes: experts=0: each experts must be an integer >= 1"),
+    "experts=0": (["--shapes", "experts=0,topk=1,hidden=64"],
+                  "--shapes: experts=0: each experts must be an integer >= 1"),
     "topk over experts": (["--shapes", "experts=8/16,topk=9/2,hidden=64"],
                           "--shapes: topk 9 > 8 experts (each topk at most its experts)"),
     "hidden=0": (["--shapes", "experts=8,topk=2,hidden=0"], "--shapes: hidden=0: hidden must be an integer >= 1"),
@@ -70,7 +71,8 @@ BAD_ARGUMENTS = {
                                  "lies under {t}/a_file, which is a file"),
     "--json into a missing directory": (lambda t: ["--json", str(t / "missing" / "out.json")],
                                         "its directory {t}/missing does not exist"),
-    "--json under a file": (lambda t: ["--json", str(a_file(t) / "out.json")], "lies under {t}/a_file, which is a file"),
+    "--json under a file": (lambda t: ["--json", str(a_file(t) / "out.json")],
+                            "lies under {t}/a_file, which is a file"),
     "--json a directory": (lambda t: ["--json", str(t)], "{t}: is a directory"),
 }
 
