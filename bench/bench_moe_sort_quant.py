@@ -1,11 +1,8 @@
 """Benchmark: patched MoE sort + moe_buf zero + MXFP4 quant, its decode methods, and AITER's own Triton chain.
 
-GPU time per call from CUDA-graph replay of many back-to-back calls (how a decode step runs),
-median of several replays, inputs rotated over several sets. Every row also shows the byte
-floor (bytes that must move over the device copy bandwidth measured in the same run); the
-header gives the launch floor (an empty Triton kernel's replay time).
-
-Columns, one process, one GPU:
+GPU time per call from CUDA-graph replay of back-to-back calls, median of several replays, inputs
+rotated over several sets; the byte floor (bytes that must move over the copy bandwidth measured in
+the same run) per row, the launch floor (an empty Triton kernel's replay time) in the header. Columns:
 
 * ``new``: the kernel as configured (module constants); ``path`` says which position method
   the row took (``compare``/``sort``: the E-independent decode methods, ``count``: the
@@ -22,13 +19,11 @@ Columns, one process, one GPU:
 * ``quant GB/s``: the quant part's bytes (activations in, codes and scale bytes out) over its time,
   ``new`` less ``sort+zero new`` (the same launches without the quant).
 
-With ``--sglang`` (SGLang 0.5.23's wheel, or its ``moe_sorting_small.py`` taken out of it) a second
-table times SGLang's one-launch decode sort + MXFP8 quant (``_run_small_sort``) beside ours on the
-same inputs in the same run, wherever SGLang takes the shape (up to 256 pairs; its quant where
-``hidden % 2048 == 0``, as its ``fused_moe`` wrapper decides, else the sort and zero-fill alone), and
-compares both kernels' outputs bit for bit over the bytes AITER defines. The module is read from the
-wheel at run time under a minimal ``sglang`` package (``sglang.srt.utils.is_gfx95_supported``
-stubbed); SGLang is never installed or copied into this repository.
+With ``--sglang`` (SGLang 0.5.23's wheel, or its ``moe_sorting_small.py`` taken out of it) a second table
+times SGLang's one-launch decode sort + MXFP8 quant (``_run_small_sort``) beside ours, same inputs, same
+run, wherever SGLang takes the shape (its quant where ``hidden % 2048 == 0``, as its ``fused_moe`` wrapper
+decides, else the sort and zero-fill alone), and compares both kernels' outputs bit for bit. The module
+is read from the wheel at run time (``sglang.srt.utils.is_gfx95_supported`` stubbed), never vendored.
 
     python bench/bench_moe_sort_quant.py --aiter-src .aiter_src --sglang .sglang/moe_sorting_small.py \
         --prefill --out docs/bench/moe_sort_quant_h200.md
@@ -87,12 +82,9 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "compare-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=8),
     "compare-16k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=16384),
     "old-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
-    # the buckets of one and two tokens (this round's candidate; the comparison without packed
-    # fields, summing each pair's padding in 16.16 fixed point, lost in every row: see
-    # docs/bench/moe_sort_quant_buckets_h200.md)
+    # the buckets of one and two tokens (docs/bench/moe_sort_quant_buckets_h200.md)
     "prev": dict(TOKEN_BUCKETS=(4, 8, 16, 32, 64, 256, 1024)),
-    # fewer warps (the decode cost is dependent latency: fewer warps, fewer cross-warp reductions),
-    # and the row work's split (more programs per row: each quantizes its share up front, under the sort)
+    # fewer warps, and the row work's split (more programs per row)
     "w1": dict(DECODE_NUM_WARPS=1),
     "w2": dict(DECODE_NUM_WARPS=2),
     "compare-1w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=1),
@@ -106,8 +98,7 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "no-defer": dict(DEFER_QUANT_MATH=False),
     "one-step-32": dict(QUANT_ONE_STEP_GROUPS=32),
     "loop-128": dict(QUANT_GROUPS=128),
-    # the transposed comparison (DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS): off, with 4 or 16 warps,
-    # and up to 128 padded pairs in one 16384-element tile
+    # the transposed comparison: off, with 4 or 16 warps, and up to 128 padded pairs in one 16384-element tile
     "no-compare-t": dict(DECODE_COMPARE_T_MIN_PAIRS=_ALL * 2),
     "compare-t-4w": dict(DECODE_COMPARE_T_WARPS=4),
     "compare-t-16w": dict(DECODE_COMPARE_T_WARPS=16),
@@ -319,8 +310,7 @@ def load_sglang(path: str):
     return importlib.import_module("sglang.kernels.ops.moe.moe_sorting_small")
 
 
-def sglang_qd(N: int):
-    """The quant SGLang's ``fused_moe`` wrapper hands its sort: MXFP8 where ``hidden % 2048 == 0``, else none."""
+def sglang_qd(N: int):  # what SGLang's fused_moe wrapper hands its sort: MXFP8 where hidden % 2048 == 0
     return FP8 if N % 2048 == 0 else None
 
 
@@ -368,11 +358,14 @@ def sglang_cells(sg, row: Row, methods, bandwidth: float) -> list[str] | None:
     if not sglang_takes(sg, row):
         return None
     quant = row.qd is not None
-    path, t_new = row.patched({}, quant)
-    t_sg = row.timer(functools.partial(sglang_call, sg, row), row.calls)
+    path = row.patched({}, quant)[0]
+    ours, theirs = functools.partial(row.ours, quant), functools.partial(sglang_call, sg, row)
+    times = [row.timer(f, row.calls) for f in (ours, theirs, ours, theirs)]  # alternated: each timed twice
+    t_new, t_sg = (times[0] + times[2]) / 2, (times[1] + times[3]) / 2
+    spread = max(abs(times[0] - times[2]), abs(times[1] - times[3]))
     same = all(same_bits(row.ours(quant, i), sglang_call(sg, row, i), row.K, row.N) for i in range(SETS))
     cells = [str(row.E), str(row.K), str(row.N), "MXFP8" if quant else "sort only", str(row.M), path,
-             _fmt(t_new), _fmt(t_sg), f"{t_new / max(t_sg, 1e-9):.2f}"]
+             _fmt(t_new), _fmt(t_sg), f"{t_new / max(t_sg, 1e-9):.2f}", _fmt(spread)]
     cells += [_fmt(row.patched(FORCED[m], quant)[1]) for m in methods]
     return cells + ["same" if same else "DIFFER", _fmt(row.byte_floor_us(bandwidth, quant))]
 
@@ -392,12 +385,14 @@ def _warm(job):
 
 
 def sglang_table(sg, sg_shapes, methods, bandwidth) -> list[str]:
-    heads = ["experts", "topk", "hidden", "quant", "tokens", "path", "ours us", "SGLang us", "ours / SGLang"]
+    heads = ["experts", "topk", "hidden", "quant", "tokens", "path", "ours us", "SGLang us", "ours / SGLang",
+             "spread us"]
     heads += [f"{m} us" for m in methods] + ["bits", "byte floor us"]
     out = ["", "## Beside SGLang 0.5.23's `_run_small_sort`", "",
            "Same inputs, same run, wherever SGLang takes the shape (MXFP8 where hidden % 2048 == 0, else the sort "
-           "and moe_buf zero-fill alone); `bits`: both kernels' outputs compared over every input set. Columns after "
-           "`ours / SGLang`: ours with those constants (as in the table above).", "",
+           "and moe_buf zero-fill alone). `ours` and `SGLang`: the mean of two timings each, alternated (ours, SGLang, "
+           "ours, SGLang); `spread`: the larger difference between a kernel's two timings. `bits`: both kernels' "
+           "outputs compared over every input set. Columns after `spread`: ours with those constants.", "",
            "| " + " | ".join(heads) + " |", "|" + "---:|" * len(heads)]
     print(out[-2], flush=True)
     for E, K, N, M in sg_shapes:
@@ -409,11 +404,9 @@ def sglang_table(sg, sg_shapes, methods, bandwidth) -> list[str]:
 
 
 def aiter_triton_ops(aiter_src):
-    if not aiter_src:
-        return None
     from bench import aiter_triton
 
-    return aiter_triton.load(aiter_src)
+    return aiter_triton.load(aiter_src) if aiter_src else None
 
 
 def main():

@@ -61,8 +61,13 @@ data row; with ``T < M`` the padding rows get scale 0 and data row ``T`` is zero
 AITER's split path (every real pair gets its token's scales); "auto" picks like AITER does
 (fused when ``M * topk <= 2048``).
 
-The row work (``moe_buf`` fill and the quant of a program's share of a row, ``G_TILE`` groups) comes
-first so that its loads overlap the routing math; a share of up to ``QUANT_ONE_STEP_GROUPS`` groups is
+Split roles (up to ``ROLES_MAX_PAIRS`` pairs): the grid's columns from ``ROUTE_PROGRAMS`` on are data
+programs, each one slice of a token's row (``G_DTILE`` groups: codes, and ``moe_buf``'s columns), which
+read no routing, so their stores wait for no routing math; the routing programs before them write the
+sort outputs and the scale bytes at the sorted rows (their own ``G_TILE`` share of the group maxima).
+Without split roles, a program does both for its share. In a routing program the row work (``moe_buf``
+fill and the quant of a program's share of a row, ``G_TILE`` groups) comes first so that its loads
+overlap the routing math; a share of up to ``QUANT_ONE_STEP_GROUPS`` groups is
 loaded before the routing and quantized after it (``DEFER_QUANT_MATH``), a wider one ``QUANT_GROUPS`` at
 a time after it.
 
@@ -128,14 +133,19 @@ MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_qu
 # (docs/bench/moe_sort_quant_defer_h200.md; one step of 256 groups: not measured)
 DEFER_QUANT_MATH = True
 QUANT_ONE_STEP_GROUPS = 128
-# Split roles: the row work (data codes, compact scales, moe_buf) goes to data programs of its own
-# (grid columns from ROUTE_PROGRAMS on), so that no routing math stands before their stores, and the
+# Split roles (issue 34): the row work (data codes, compact scales, moe_buf) goes to data programs of its
+# own (grid columns from ROUTE_PROGRAMS on), so that no routing math stands before their stores, and the
 # routing programs keep the sort outputs and the scale bytes at sorted rows (for which they read x for
 # the group maxima). Up to ROLES_MAX_PAIRS pairs (a bucket's ceiling) in the one-launch path, and in the
 # prescanned path when ROLES_PRESCANNED. A data program takes at most DATA_MAX_GROUPS groups of a row;
-# there are ROW_SPLIT / ROUTE_SPLIT_DIV routing programs per row.
-ROLES_MAX_PAIRS = 2048
-ROLES_PRESCANNED = True
+# there are ROW_SPLIT / ROUTE_SPLIT_DIV routing programs per row. H200, same run (`no-roles` columns of
+# docs/bench/moe_sort_quant_roles_h200.md): 0.1-0.5 µs off every row at 1-64 tokens (MXFP8 (128, 4,
+# 6144) 1 token 2.33 -> 1.99, (256, 8, 7168) MXFP4 64 tokens 7.41 -> 6.77); mixed at 2048-pair buckets
+# ((896, 16) 128 tokens 17.41 -> 21.19, (128, 8) 128 tokens 7.82 -> 6.98); slower in prefill ((256, 8, 7168)
+# 8192 tokens 160.98 -> 181.13; with 128-group data shares 169.89); ROUTE_SPLIT_DIV 4 or 16 and
+# DATA_MAX_GROUPS 16 or 32 no better at 1-32 tokens. Launch counts unchanged (one grid, more columns).
+ROLES_MAX_PAIRS = 1024
+ROLES_PRESCANNED = False
 ROUTE_SPLIT_DIV = 1
 DATA_MAX_GROUPS = 64
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
