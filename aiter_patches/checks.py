@@ -23,7 +23,7 @@ import sys
 import torch
 
 from . import registry
-from .declarations import CheckResult
+from .core.declarations import CheckResult
 from .patches import moe_call
 from .verify import suspended
 

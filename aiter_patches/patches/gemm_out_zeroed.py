@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .. import call_key, runtime
-from ..declarations import CheckResult, Patch, Target
+from ..core.declarations import CheckResult, Patch, Target
 from . import moe_call, pins, relied_on
 
 NAME = "gemm_out_zeroed"

@@ -10,6 +10,8 @@ installed: ``expected_on_stand_in()`` says so.
 from __future__ import annotations
 
 from aiter_patches import registry
+from aiter_patches.core import env
+from aiter_patches.core.apply import installed
 from aiter_patches.testing import stand_in_has
 
 
@@ -54,14 +56,12 @@ def expected_before_import() -> dict[str, str]:
 
 def opt_in_off(name: str) -> bool:
     """A server integration the switch (AITER_PATCHES_INTEGRATIONS) leaves off: disabled whatever is installed."""
-    from aiter_patches.integrations import switch
-
-    return name in switch.not_switched_on(registry.patches())
+    return name in env.not_switched_on(registry.patches())
 
 
 def _requires_missing(name: str) -> bool:
     req = patch(name).requires
-    return req is not None and not registry._installed(req)
+    return req is not None and not installed(req)
 
 
 def outermost_at(location: str) -> str:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE))
 
 import aiter_patches  # noqa: E402
 from aiter_patches import Patch, Pin, Target, registry  # noqa: E402
+from aiter_patches.core import fork as core_fork  # noqa: E402
 from aiter_patches.testing import use_stub_aiter  # noqa: E402
 from bindings import Bindings, names  # noqa: E402
 from helpers import registry_view  # noqa: E402
@@ -272,7 +273,7 @@ def case_fork_while_the_lock_is_held() -> None:
     with use_stub_aiter():
         aiter_patches.apply()  # the patches on modules not imported yet are pending
         inside, release = threading.Event(), threading.Event()
-        slow_wait = getattr(registry, "_FORK_WAIT_S", 1.0) + 2
+        slow_wait = core_fork.FORK_WAIT_S + 2
 
         def slow_factory(inner, site):
             inside.set()

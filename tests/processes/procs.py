@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aiter_patches.process_report import MARKER, read_log
+from aiter_patches.process_report import MARKER
+from helpers.logs import read_log
 from aiter_patches.stub_aiter import STUB_ROOT
 
 ROOT = Path(__file__).resolve().parents[2]
