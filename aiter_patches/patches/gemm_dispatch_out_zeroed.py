@@ -186,8 +186,8 @@ PATCH = Patch(
             "to the asm kernel (split-K without memset), ignores it for every other kernel",
     targets=(
         Target(MODULE, DISPATCHER, DISPATCHER_PINS, _dispatcher_wrapper,
-               "Takes the extra keyword out_zeroed (default False: the original call); with out= given, "
-               "the promise holds for that out tensor during the call."),
+               "Takes the extra keyword out_zeroed (default False: the original call); with out= given and "
+               "gemm_out_zeroed applied, the promise holds for that out tensor during the call."),
         Target(MODULE, ASM, pins.GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE_ASM, _asm_wrapper,
                "Outside gemm_out_zeroed's layer: passes out_zeroed=True on for exactly the promised out tensor, "
                "once; any other call unchanged."),

@@ -24,6 +24,17 @@ def patch(name: str):
     return next(p for p in registry.patches() if p.name == name)
 
 
+def with_needs(name: str) -> list[str]:
+    """``name`` and every patch it needs, transitively (``apply([name])`` applies them all), in declared order."""
+    todo, found = [name], set()
+    while todo:
+        n = todo.pop()
+        if n not in found:
+            found.add(n)
+            todo.extend(patch(n).needs)
+    return [n for n in names() if n in found]
+
+
 def modules(name: str) -> list[str]:
     return list(patch(name).modules)
 

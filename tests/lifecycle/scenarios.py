@@ -46,8 +46,9 @@ def import_all() -> None:
 
 
 def alone(name: str) -> dict[str, str]:
-    """Expected states once only ``name`` was applied and every stand-in module is imported."""
-    return {n: registry_view.expected_on_stand_in()[n] if n == name else _off(n) for n in names()}
+    """Expected states once only ``name`` (with the patches it needs) was applied and every stand-in module is imported."""
+    applied = registry_view.with_needs(name)
+    return {n: registry_view.expected_on_stand_in()[n] if n in applied else _off(n) for n in names()}
 
 
 def inactive() -> dict[str, str]:
@@ -184,7 +185,7 @@ def case_apply_during_import() -> None:
         with use_stub_aiter():
             waiting = [m for m in stand_in_modules() if m not in sys.modules]
             if name is not None:
-                waiting = [m for m in waiting if m in registry_view.modules(name)]
+                waiting = [m for m in waiting if any(m in registry_view.modules(n) for n in registry_view.with_needs(name))]
             if not waiting:
                 continue  # this patch's modules come with `import aiter`: nothing is in progress
             held = BlockingImport(waiting[0])
