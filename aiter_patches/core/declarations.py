@@ -88,7 +88,7 @@ class Patch:
     requires: str | None = None
     # a further gate after a target's pin matched (e.g. a source hash): a reason skips the patch
     precheck: Callable[[Target, Callable], str | None] | None = None
-    # after every binding of the patch is committed (under the registry lock): (site, original) per target.
+    # after every binding of the patch is committed (under the core's lock): (site, original) per target.
     # What it changes must be undoable by revert (e.g. through ``unwrap_foreign(..., owner=name)``); it may not raise.
     after_apply: Callable[[list[tuple["Site", Callable]]], None] | None = None
     # a server integration (its group, "sglang"/"vllm"): disabled unless AITER_PATCHES_INTEGRATIONS names it
