@@ -9,7 +9,9 @@ and, with ``include_stand_in``, the stand-in's split-K GEMM calls (on AMD the GE
 launches AITER's own code object, so that kernel never runs there).
 
 A call the kernel's gate refuses (``unsupported_reason``) is skipped: the patch would hand
-it to AITER.
+it to AITER. The gate is asked on meta tensors first, so a refused call allocates nothing (a
+huge token count is refused, not a CPU allocation of terabytes); the caller may collect the
+gate's reasons (``refused``) to say why a shape launches nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def config_label(model: str, experts: int, topk: int, quant: str, ep: str, buf: 
     return f"{model} E{experts}/k{topk} quant={quant} ep={ep} buf={buf}"
 
 
-def sort_quant_calls(shape: ModelShape, arch: str, tokens: list[int] | None = None) -> Iterator[Call]:
+def sort_quant_calls(shape: ModelShape, arch: str, tokens: list[int] | None = None,
+                     refused: list[str] | None = None) -> Iterator[Call]:
     import torch
 
     from ..kernels import moe_sort_mx_quant as K
@@ -57,21 +60,28 @@ def sort_quant_calls(shape: ModelShape, arch: str, tokens: list[int] | None = No
                     label = config_label(shape.name, experts, topk, quant, ep, buf)
                     for block in shape.blocks_for(quant):
                         for m in ms:
-                            args = _sort_args(m, experts, topk, hidden, block, qdtype[quant], ep, buf)
-                            if K.unsupported_reason(**args["gate"]) is not None:
+                            meta = _sort_args(m, experts, topk, hidden, block, qdtype[quant], ep, buf, "meta")
+                            reason = K.unsupported_reason(**meta["gate"])
+                            if reason is not None:
+                                if refused is not None:
+                                    refused.append(reason)
                                 continue
+                            args = _sort_args(m, experts, topk, hidden, block, qdtype[quant], ep, buf)
                             yield Call(label, m, lambda a=args: K.moe_sort_mx_quant(*a["pos"], **a["kw"]))
 
 
-def _sort_args(m, experts, topk, hidden, block, qdtype, ep, buf) -> dict:
+def _sort_args(m, experts, topk, hidden, block, qdtype, ep, buf, device="cpu") -> dict:
+    import functools
+
     import torch
 
-    ids = torch.empty(m, topk, dtype=torch.int32)
-    w = torch.empty(m, topk, dtype=torch.float32)
-    x = torch.empty(m, hidden, dtype=torch.bfloat16) if qdtype is not None else None
-    mask = torch.empty(experts, dtype=torch.int32) if ep != "off" else None
-    nlt = torch.empty(1, dtype=torch.int32) if ep == "on+nlt" else None
-    init = torch.empty(m, hidden, dtype=torch.bfloat16) if buf == "addend" else None
+    empty = functools.partial(torch.empty, device=device)
+    ids = empty(m, topk, dtype=torch.int32)
+    w = empty(m, topk, dtype=torch.float32)
+    x = empty(m, hidden, dtype=torch.bfloat16) if qdtype is not None else None
+    mask = empty(experts, dtype=torch.int32) if ep != "off" else None
+    nlt = empty(1, dtype=torch.int32) if ep == "on+nlt" else None
+    init = empty(m, hidden, dtype=torch.bfloat16) if buf == "addend" else None
     kw = dict(expert_mask=mask, num_local_tokens=nlt, quant_input=x, quant_dtype=qdtype, moe_buf=None,
               moe_buf_init=init)
     gate = dict(topk_ids=ids, topk_weights=w, num_experts=experts, model_dim=hidden, block_size=block, **kw)
@@ -107,7 +117,7 @@ def _gemm(G, fp8, m, n, k, splits, zero_out):
 
 
 def calls(shape: ModelShape, arch: str, include_stand_in: bool = False,
-          tokens: list[int] | None = None) -> Iterator[Call]:
-    yield from sort_quant_calls(shape, arch, tokens)
+          tokens: list[int] | None = None, refused: list[str] | None = None) -> Iterator[Call]:
+    yield from sort_quant_calls(shape, arch, tokens, refused)
     if include_stand_in:
         yield from stand_in_gemm_calls(shape, arch)

@@ -54,7 +54,7 @@ def test_one_table_no_trailing_space_and_every_command_prints_it():
     assert text_table.lines(["patch", "state", "detail"], [list(r.values()) for r in ROWS]) == want
     assert cli._table(ROWS, ["patch", "state", "detail"]) == "\n".join(want)
     assert report.table(ROWS, ["patch", "state", "detail"]) == "\n".join(want)
-    assert drift._table([list(r.values()) for r in ROWS], ["patch", "state", "detail"]) == want
+    assert drift.render._table([list(r.values()) for r in ROWS], ["patch", "state", "detail"]) == want
     assert cli._table([], ["patch"]) == "(none)" and report.table([]) == "(no variants)"
 
 
