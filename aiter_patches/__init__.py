@@ -6,6 +6,10 @@
 Each patch replaces AITER functions only when their signatures match the pins it
 was written for (SIGNATURES.md), is skipped with a logged reason otherwise, and
 hands any call outside its proven envelope back to AITER.
+
+The core (``aiter_patches/core``, public face ``registry``) names no patch and no
+reporter; importing the package imports the reporters, which subscribe to the
+core's events (per-process summary and status lines, stats lines, foreign layers).
 """
 
 from .registry import (
@@ -23,6 +27,7 @@ from .registry import (
     unregister,
 )
 from .signatures import Pin
+from . import foreign_layers, process_report, stats_log  # noqa: F401,E402 (they subscribe to the core's events)
 from .patches.moe_addend_fold import fused_moe_with_addend
 from .patches.sort_extension import SortExtension, SortExtensionError, sort_extension
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from . import registry
-from .declarations import CheckResult
+from .core.declarations import CheckResult
 from .patches import moe_call
 from .verify import suspended
 

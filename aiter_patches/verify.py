@@ -17,7 +17,7 @@ import sys
 from typing import Callable, Iterator, Sequence
 
 from . import registry
-from .declarations import Check, CheckResult  # CheckResult re-exported: checks import it from here
+from .core.declarations import Check, CheckResult  # CheckResult re-exported: checks import it from here
 
 
 @contextlib.contextmanager

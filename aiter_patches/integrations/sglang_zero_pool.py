@@ -24,6 +24,11 @@ Two hooks, one scope per forward (a context variable):
   ``out_zeroed=True``. Every slice is handed out once per pool; a pool lives for one
   forward; nothing else writes it. Everything else runs as shipped, counted.
 
+The patch needs ``gemm_dispatch_out_zeroed`` (``Patch.needs``: without it the asm
+kernel keeps its memset, and a slice would save nothing), hands it the promise
+only where that patch's layer lies directly under its own (``site.below``), and
+learns per call whether the promise reached the asm kernel (``dispatch.forwarding``).
+
 Lifetime. A GEMM output is an activation: it may live past its layer, and past the
 forward (returned hidden states, PP proxy tensors, spec-decoding captures). A fresh
 pool per forward makes each slice behave as SGLang's own ``torch.empty`` output would:
@@ -44,7 +49,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..declarations import APPLIED, Patch, SourcePin, Target
+from ..core.declarations import Patch, SourcePin, Target
 from ..drift import live_source_reason
 from ..patches import gemm_dispatch_out_zeroed as dispatch
 from ..patches import moe_call
@@ -197,12 +202,9 @@ def _forward_wrapper(inner, site):
 def _dispatcher_wrapper(inner, site):
     import torch
 
-    from .. import registry
-
     binder = site.binder
     counters = site.counters
-    takes_promise = getattr(inner, "__aiter_patches__", None) == DISPATCH
-    dispatch_counters = registry.counters(DISPATCH)
+    takes_promise = site.below == DISPATCH
 
     def gemm_a8w8_blockscale_bpreshuffle(*args, **kwargs):
         if compile_state.tracing():
@@ -216,7 +218,7 @@ def _dispatcher_wrapper(inner, site):
         XQ, WQ = bound["XQ"], bound["WQ"]
         dtype = bound.get("dtype", torch.bfloat16)
         reason = None
-        if not takes_promise or registry.state(DISPATCH) != APPLIED:
+        if not takes_promise:
             reason = f"{DISPATCH} is not applied under this layer: the asm kernel would keep its memset"
         elif getattr(XQ, "dim", lambda: 0)() != 2 or getattr(WQ, "dim", lambda: 0)() < 2:
             reason = "XQ is not [M, K]"
@@ -245,9 +247,8 @@ def _dispatcher_wrapper(inner, site):
         scope.cursor = start + size  # never handed out again from this pool
         out = scope.pool[start:start + M * N].view(M, N)
         rest = {k: v for k, v in kwargs.items() if k != "out"}
-        skipped_before = dispatch_counters.snapshot()["fast"]
-        result = inner(*args[:5], out=out, out_zeroed=True, **rest)
-        if dispatch_counters.snapshot()["fast"] > skipped_before:
+        result, forwarded = dispatch.forwarding(inner, *args[:5], out=out, out_zeroed=True, **rest)
+        if forwarded:
             counters.hit()  # the dispatcher's layer passed the promise on: asm at split > 1 skipped its memset
         else:
             counters.fallback(NOT_TAKEN)
@@ -328,5 +329,6 @@ PATCH = Patch(
     requires="sglang",
     precheck=_precheck,
     opt_in="sglang",
+    needs=(DISPATCH,),
     check="aiter_patches.integrations.sglang_zero_pool:check",
 )

@@ -32,7 +32,7 @@ import weakref
 from typing import Any, NamedTuple, Protocol
 
 from .. import call_key
-from ..declarations import CheckResult, Patch, Target
+from ..core.declarations import CheckResult, Patch, Target
 from . import moe_call, pins, relied_on
 
 NAME = "gemm_out_zeroed"

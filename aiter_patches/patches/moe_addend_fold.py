@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from .. import foreign_layers
-from ..declarations import Patch
+from ..core.declarations import Patch
 from . import moe_pipeline, pins, relied_on, sort_extension
 from .moe_call import ADD_AFTER, FOLDED, PENDING
 
@@ -145,12 +145,12 @@ def fused_moe_with_addend(addend, *args, **kwargs):
 
     For callers that must not depend on the patch being active: the same result
     either way (bitwise equal to the unpatched add where AITER's stage 2 adds in
-    a fixed order; within bf16 rounding of it otherwise).
+    a fixed order; within bf16 rounding of it otherwise). Whether it is active is
+    asked of the function bound now: does its call reach this patch's step
+    (``moe_pipeline.takes_keyword``)?
     """
-    from .. import registry
-
     fm = sys.modules["aiter.fused_moe"].fused_moe
-    if registry.state(NAME) == registry.APPLIED:
+    if moe_pipeline.takes_keyword(fm, "moe_addend"):
         return fm(*args, moe_addend=addend, **kwargs)
     from ..signatures import Binder
 

@@ -277,12 +277,13 @@ class _Stages:
 # ---------------------------------------------------------------- the wrappers
 
 class _Built:
-    """What a pipeline wrapper serves: AITER's function, the features' layers (innermost first), their wrappers."""
+    """What a pipeline wrapper serves: AITER's function, the features' layers (innermost first), their wrappers,
+    and the code it was built with (a reverted wrapper's code is swapped for the registry's pass-through)."""
 
-    __slots__ = ("kind", "original", "layers", "wrappers")
+    __slots__ = ("kind", "original", "layers", "wrappers", "code")
 
-    def __init__(self, kind, original, layers, wrappers):
-        self.kind, self.original, self.layers, self.wrappers = kind, original, layers, wrappers
+    def __init__(self, kind, original, layers, wrappers, code=None):
+        self.kind, self.original, self.layers, self.wrappers, self.code = kind, original, layers, wrappers, code
 
 
 _MARK = "__aiter_patches_moe_pipeline__"
@@ -301,10 +302,25 @@ def wrapper(kind: str, name: str) -> Callable:
         else:
             original, layers, guards = inner, ((name, site),), ()
         fn = _BUILDERS[kind](kind, original, layers, guards)
-        setattr(fn, _MARK, _Built(kind, original, layers, guards + (fn,)))
+        setattr(fn, _MARK, _Built(kind, original, layers, guards + (fn,), fn.__code__))
         return like(fn, original)
 
     return factory
+
+
+def takes_keyword(fn: Callable, keyword: str) -> bool:
+    """Whether a call of ``fn`` (a binding, read now) reaches an armed pipeline wrapper with a feature that
+    takes the extra keyword ``keyword``: ``fn`` itself, or the one under this package's own layers over it
+    (which pass keywords they do not know on). A foreign wrapper, or a reverted one, says no."""
+    for _ in range(8):
+        built = getattr(fn, _MARK, None)
+        if isinstance(built, _Built) and built.wrappers[-1] is fn and fn.__code__ is built.code:
+            return any(keyword in FEATURES[n].keywords for n, _ in built.layers)
+        where = getattr(fn, "__globals__", None)
+        if not isinstance(where, dict) or not str(where.get("__name__", "")).startswith("aiter_patches."):
+            return False
+        fn = getattr(fn, "__wrapped__", None)
+    return False
 
 
 def _armed(kind: str, layers: tuple, guards: tuple, code, cache: dict) -> Callable[[], Any]:
@@ -446,7 +462,7 @@ _BUILDERS = {FUSED_MOE: _build_fused_moe, SORT: _build_sort,
 
 def target(kind: str, name: str, why: str):
     """The registry :class:`Target` of feature ``name`` on AITER's ``kind``, served by the pipeline."""
-    from ..declarations import Target
+    from ..core.declarations import Target
 
     return Target(MODULE, kind, _PINS[kind], wrapper(kind, name), why)
 
@@ -462,4 +478,4 @@ def stage1_quant_targets(name: str, producer: str) -> tuple:
 
 
 __all__ = ["Feature", "FEATURES", "STEPS", "MoeCall", "feature", "run_steps_through", "target",
-           "stage1_quant_targets", "wrapper"]
+           "stage1_quant_targets", "takes_keyword", "wrapper"]

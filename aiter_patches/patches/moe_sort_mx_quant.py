@@ -24,7 +24,7 @@ import torch
 
 from .. import call_key, foreign_layers, runtime
 from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
-from ..declarations import Patch
+from ..core.declarations import Patch
 from . import moe_call, moe_pipeline, relied_on, sort_scratch
 from .moe_call import StageOneQuant, enum_value, tensor_key
 

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from ..aiter_contract import mx_scale_shape, sort_buffer_sizes
-from ..declarations import Patch
+from ..core.declarations import Patch
 from . import moe_pipeline, relied_on
 from .moe_call import StageOneQuant
 

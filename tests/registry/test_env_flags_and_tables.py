@@ -5,8 +5,9 @@ import sys
 import pytest
 import torch
 
-from aiter_patches import auto, cli, drift, env_flags, registry, runtime, text_table
+from aiter_patches import auto, cli, drift, env_flags, runtime, text_table
 from aiter_patches.amd import report
+from aiter_patches.core import env
 from aiter_patches.kernels import fast_launch
 
 
@@ -20,7 +21,7 @@ def test_every_switch_reads_the_same_words(monkeypatch, word, yes, no):
     monkeypatch.setenv("AITER_PATCHES_STRICT", word)
     assert runtime.strict() is yes
     monkeypatch.setenv("AITER_PATCHES", word)
-    disabled, _ = registry._env_disabled(["a", "b"])
+    disabled, _ = env.disabled(["a", "b"])
     assert disabled == ({"a", "b"} if no else set())
     monkeypatch.setenv("AITER_PATCHES_FAST_LAUNCH", word)
     assert fast_launch._read_mode() == ("off" if no else "on")
@@ -35,7 +36,7 @@ def test_unset_switches_keep_their_defaults(monkeypatch):
     for name in ("AITER_PATCHES_STRICT", "AITER_PATCHES", "AITER_PATCHES_FAST_LAUNCH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(runtime, "_strict_override", None)
-    assert not runtime.strict() and registry._env_disabled(["a"])[0] == set() and fast_launch._read_mode() == "on"
+    assert not runtime.strict() and env.disabled(["a"])[0] == set() and fast_launch._read_mode() == "on"
     monkeypatch.setenv("AITER_PATCHES_FAST_LAUNCH", " Verify")
     assert fast_launch._read_mode() == "verify"
 

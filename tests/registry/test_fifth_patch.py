@@ -35,7 +35,7 @@ PATCH_MODULE = '''"""Patch: ``gelu_and_mul`` through the toy kernel (README "Add
 
 from __future__ import annotations
 
-from ..declarations import CheckResult, Patch, Target
+from ..core.declarations import CheckResult, Patch, Target
 from . import pins
 
 NAME = "toy_gelu_mul"

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from aiter_patches import declarations, verify
+from aiter_patches import verify
+from aiter_patches.core import declarations
 from aiter_patches.patches import gemm_out_zeroed
 from helpers import registry_view, standin
 
@@ -22,7 +23,7 @@ def test_a_check_declared_as_a_function_is_the_one_beside_its_patch():
 
 
 def test_a_check_named_by_module_and_function_is_imported_when_resolved():
-    fn = verify.resolve_check("aiter_patches.declarations:CheckResult")
+    fn = verify.resolve_check("aiter_patches.core.declarations:CheckResult")
     assert fn is declarations.CheckResult
 
 
