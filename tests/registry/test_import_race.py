@@ -17,7 +17,7 @@ import threading
 import pytest
 
 import aiter_patches
-from aiter_patches.testing import use_stub_aiter
+from helpers.standin import use_stub_aiter
 from helpers import registry_view
 from helpers.polling import wait_until
 
