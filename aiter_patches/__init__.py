@@ -28,8 +28,26 @@ from .registry import (
 )
 from .signatures import Pin
 from . import foreign_layers, process_report, stats_log  # noqa: F401,E402 (they subscribe to the core's events)
-from .patches.moe_addend_fold import fused_moe_with_addend
-from .patches.sort_extension import SortExtension, SortExtensionError, sort_extension
+from .extensions.api import SortExtension, SortExtensionError
+
+# Loaded at first use, not at ``import aiter_patches``: the modules behind them import torch (about 1.3 s),
+# which a process that only imports the package (the auto switch's every process) must not pay.
+_LAZY = {
+    "fused_moe_with_addend": "aiter_patches.patches.moe_addend_fold",
+    "sort_extension": "aiter_patches.patches.sort_extension",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiter_patches' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 
