@@ -30,7 +30,7 @@ import torch
 
 from . import registry
 from .core.declarations import CheckResult
-from .patches import moe_call
+from .patches.moe import call as moe_call
 from .verify import suspended
 
 

@@ -127,7 +127,8 @@ def breakdown(aiter, fm, E, K, D, M, n=2000, rounds=7) -> str:
     """Where one hit of the sort, the sort + MXFP4 quant and the out_zeroed GEMM spends its time (the
     patches applied, the caller's fake driver on). Each piece runs alone in its own loop: the pieces of
     one entry need not add up to its whole (a loop keeps caches warm that a whole call shares)."""
-    from aiter_patches.patches import moe_call, moe_pipeline
+    from aiter_patches.patches.moe import call as moe_call
+    from aiter_patches.patches.moe import pipeline as moe_pipeline
     from aiter_patches.patches import gemm_out_zeroed as goz
     from aiter_patches.patches import moe_sort_mx_quant as smq
 

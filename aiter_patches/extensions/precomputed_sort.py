@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from ..patches.moe_call import tensor_key
+from ..patches.moe.call import tensor_key
 from .api import SortCall, SortExtension
 
 log = logging.getLogger("aiter_patches")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..patches import moe_call
+from ..patches.moe import call as moe_call
 from . import compile_state
 
 FOLD = "moe_addend_fold"

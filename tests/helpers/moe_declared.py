@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from aiter_patches.patches import moe_call, moe_pipeline
+from aiter_patches.patches.moe import call as moe_call
+
+from aiter_patches.patches.moe import pipeline as moe_pipeline
 
 
 class UndeclaredField(AttributeError):

@@ -7,7 +7,7 @@ import torch
 
 import aiter_patches
 from aiter_patches import fused_moe_with_addend
-from aiter_patches.patches import moe_call
+from aiter_patches.patches.moe import call as moe_call
 from aiter_patches.verify import suspended
 
 from .conftest import sort_bypassing_patches

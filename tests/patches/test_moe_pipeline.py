@@ -16,7 +16,9 @@ import torch
 import aiter_patches
 from aiter_patches import fused_moe_with_addend, registry
 from aiter_patches.extensions import DeferredWork, PrecomputedSort
-from aiter_patches.patches import moe_addend_fold, moe_call, moe_pipeline
+from aiter_patches.patches import moe_addend_fold
+from aiter_patches.patches.moe import call as moe_call
+from aiter_patches.patches.moe import pipeline as moe_pipeline
 from aiter_patches.signatures import Binder
 from helpers import moe_declared
 

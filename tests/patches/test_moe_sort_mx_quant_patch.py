@@ -7,7 +7,7 @@ import torch
 
 import aiter_patches
 from aiter_patches import registry
-from aiter_patches.patches import moe_call
+from aiter_patches.patches.moe import call as moe_call
 from aiter_patches.reference.moe_sorting import defined_sort_region
 from aiter_patches.reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
 from aiter_patches.verify import suspended

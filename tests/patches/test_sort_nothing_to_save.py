@@ -12,7 +12,7 @@ import torch
 
 import aiter_patches
 from aiter_patches import call_key
-from aiter_patches.patches import moe_call
+from aiter_patches.patches.moe import call as moe_call
 from aiter_patches.patches import moe_sort_mx_quant as msq
 from aiter_patches.verify import suspended
 

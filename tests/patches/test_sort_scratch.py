@@ -14,7 +14,8 @@ import torch
 
 import aiter_patches
 from aiter_patches.kernels import moe_sort_mx_quant as kernel
-from aiter_patches.patches import moe_call, sort_scratch
+from aiter_patches.patches.moe import sort_scratch as sort_scratch
+from aiter_patches.patches.moe import call as moe_call
 from aiter_patches.patches.moe_sort_mx_quant import FEATURE
 from aiter_patches.patches.sort_extension import SortExtension, sort_extension
 from aiter_patches.verify import suspended

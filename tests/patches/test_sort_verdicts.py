@@ -11,7 +11,7 @@ import torch
 import aiter_patches
 from aiter_patches import call_key
 from aiter_patches.kernels import moe_sort_mx_quant as k
-from aiter_patches.patches import moe_call
+from aiter_patches.patches.moe import call as moe_call
 from aiter_patches.patches import moe_sort_mx_quant as msq
 from aiter_patches.verify import suspended
 
@@ -191,12 +191,12 @@ def test_enum_members_are_remembered_as_the_enum_gives_them():
         SILU = 0
         GELU = 1
 
-    assert msq._member(Act, 1) is Act.GELU and msq._member(Act, 1) is Act(1)
-    assert msq._member(Act, True) is Act(True)  # keyed with the value's type: same member as the enum's
+    assert msq.predict._member(Act, 1) is Act.GELU and msq.predict._member(Act, 1) is Act(1)
+    assert msq.predict._member(Act, True) is Act(True)  # keyed with the value's type: same member as the enum's
     for _ in range(2):  # a refused value raises every time, nothing remembered for it
         with pytest.raises(ValueError):
-            msq._member(Act, 7)
-    assert (Act, int, 7) not in msq._MEMBERS
+            msq.predict._member(Act, 7)
+    assert (Act, int, 7) not in msq.predict._MEMBERS
 
 
 @pytest.mark.parametrize("n_keywords", [0, 4, 8])

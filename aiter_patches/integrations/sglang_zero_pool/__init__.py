@@ -49,12 +49,12 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.declarations import Patch, SourcePin, Target
-from ..drift import live_source_reason
-from ..patches import gemm_dispatch_out_zeroed as dispatch
-from ..patches import moe_call
-from ..signatures import Pin
-from . import compile_state, source_gate, streams
+from ...core.declarations import Patch, SourcePin, Target
+from ...drift import live_source_reason
+from ...patches import gemm_dispatch_out_zeroed as dispatch
+from ...patches.moe import call as moe_call
+from ...signatures import Pin
+from .. import compile_state, source_gate, streams
 
 NAME = "sglang_gemm_zero_pool"
 DISPATCH = dispatch.NAME
@@ -281,9 +281,9 @@ def check(device):
     """
     import torch
 
-    from .. import registry
-    from ..checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_routed, split_k_verdict
-    from ..verify import suspended
+    from ... import registry
+    from ...checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_routed, split_k_verdict
+    from ...verify import suspended
 
     mod = sys.modules[dispatch.MODULE]
     A, Bs, a_scale, b_scale = split_k_gemm_inputs(device, seed=12)

@@ -71,9 +71,11 @@ import operator
 import weakref
 from typing import Any, Callable
 
-from .. import call_key
-from . import moe_call, pins, sort_scratch
-from .moe_call import MoeCall, joined_or_new, like
+from ... import call_key
+from .. import pins
+from . import call as moe_call
+from . import sort_scratch
+from .call import MoeCall, joined_or_new, like
 
 FUSED_MOE = "fused_moe"
 SORT = "_moe_sorting_impl"
@@ -462,7 +464,7 @@ _BUILDERS = {FUSED_MOE: _build_fused_moe, SORT: _build_sort,
 
 def target(kind: str, name: str, why: str):
     """The registry :class:`Target` of feature ``name`` on AITER's ``kind``, served by the pipeline."""
-    from ..core.declarations import Target
+    from ...core.declarations import Target
 
     return Target(MODULE, kind, _PINS[kind], wrapper(kind, name), why)
 

@@ -30,11 +30,11 @@ source hash are the pinned ones; with the linear's and the fake's hashes, ``aite
 
 from __future__ import annotations
 
-from ..core.declarations import Patch, SourcePin, Target
-from ..patches import moe_call
-from ..patches.gemm_dispatch_out_zeroed import DISPATCHER, DISPATCHER_PINS, MODULE
-from ..signatures import Pin
-from . import source_gate
+from ...core.declarations import Patch, SourcePin, Target
+from ...patches.moe import call as moe_call
+from ...patches.gemm_dispatch_out_zeroed import DISPATCHER, DISPATCHER_PINS, MODULE
+from ...signatures import Pin
+from .. import source_gate
 
 NAME = "vllm_gemm_out_zeroed"
 OPS = "vllm._aiter_ops"

@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ..aiter_contract import MX_GROUP
+from ...aiter_contract import MX_GROUP
 
 _CALL: ContextVar["MoeCall | None"] = ContextVar("aiter_patches_moe_call", default=None)
 

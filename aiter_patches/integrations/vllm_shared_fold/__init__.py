@@ -51,11 +51,11 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.declarations import Patch, SourcePin, Target
-from ..patches import moe_call
-from ..patches import pins as aiter_pins
-from ..signatures import Pin
-from . import addend_offer, compile_state, source_gate, streams
+from ...core.declarations import Patch, SourcePin, Target
+from ...patches.moe import call as moe_call
+from ...patches import pins as aiter_pins
+from ...signatures import Pin
+from .. import addend_offer, compile_state, source_gate, streams
 
 NAME = "vllm_shared_expert_fold"
 FOLD = addend_offer.FOLD

@@ -33,9 +33,10 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.declarations import Patch, SourcePin, Target
-from ..signatures import Pin
-from . import moe_call, pins, relied_on
+from ...core.declarations import Patch, SourcePin, Target
+from ...signatures import Pin
+from .. import pins, relied_on
+from ..moe import call as moe_call
 
 NAME = "gemm_dispatch_out_zeroed"
 PRODUCER = "gemm_out_zeroed"
@@ -159,9 +160,9 @@ def check(device):
 
     import torch
 
-    from ..checks import split_k_gemm_inputs, split_k_routed, split_k_verdict
-    from ..verify import suspended
-    from .. import registry
+    from ...checks import split_k_gemm_inputs, split_k_routed, split_k_verdict
+    from ...verify import suspended
+    from ... import registry
 
     mod = sys.modules[MODULE]
     A, Bs, a_scale, b_scale = split_k_gemm_inputs(device, seed=11)

@@ -40,11 +40,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..patches import moe_call
-from ..patches import pins as aiter_pins
-from ..core.declarations import Patch, SourcePin, Target
-from ..signatures import Pin
-from . import addend_offer, compile_state, source_gate, streams
+from ...patches.moe import call as moe_call
+from ...patches import pins as aiter_pins
+from ...core.declarations import Patch, SourcePin, Target
+from ...signatures import Pin
+from .. import addend_offer, compile_state, source_gate, streams
 
 NAME = "sglang_shared_expert_fold"
 FOLD = addend_offer.FOLD
@@ -250,10 +250,10 @@ def check(device):
 
     import torch
 
-    from .. import registry
-    from ..checks import bf16_moe_inputs
-    from ..core.declarations import CheckResult
-    from ..verify import suspended
+    from ... import registry
+    from ...checks import bf16_moe_inputs
+    from ...core.declarations import CheckResult
+    from ...verify import suspended
 
     kind = "bound: 2-norm rel. error <= 1e-2 vs SGLang's forward_normal"
     ds = sys.modules[MODULE]

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import sys
 
-from .. import foreign_layers
-from ..core.declarations import Patch
-from . import moe_pipeline, pins, relied_on, sort_extension
-from .moe_call import ADD_AFTER, FOLDED, PENDING
+from ... import foreign_layers
+from ...core.declarations import Patch
+from .. import pins, relied_on, sort_extension
+from ..moe import pipeline as moe_pipeline
+from ..moe.call import ADD_AFTER, FOLDED, PENDING
 
 NAME = "moe_addend_fold"
 
@@ -152,7 +153,7 @@ def fused_moe_with_addend(addend, *args, **kwargs):
     fm = sys.modules["aiter.fused_moe"].fused_moe
     if moe_pipeline.takes_keyword(fm, "moe_addend"):
         return fm(*args, moe_addend=addend, **kwargs)
-    from ..signatures import Binder
+    from ...signatures import Binder
 
     binder = Binder(pins.FUSED_MOE[-1].signature)
     bound, _ = binder.bind(args, kwargs)
@@ -169,9 +170,9 @@ def check(device):
     ``fused_moe`` inputs it runs here, ``fused_moe(moe_addend=)`` is within the fold's bound of ``fused_moe + addend``."""
     import torch
 
-    from .. import checks as kit, registry
-    from ..verify import CheckResult, suspended
-    from . import moe_call
+    from ... import checks as kit, registry
+    from ...verify import CheckResult, suspended
+    from ..moe import call as moe_call
 
     _, fm = kit.aiter_modules()
     problems = []

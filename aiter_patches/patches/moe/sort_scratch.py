@@ -37,8 +37,8 @@ from __future__ import annotations
 import sys
 import threading
 
-from .. import env_flags
-from ..kernels import device_stream
+from ... import env_flags
+from ...kernels import device_stream
 
 MAX_BYTES = 128 << 20
 # (id(plan), quant dtype, device index, stream) -> [plan, free sets, bytes a set, last lease, pool generation]:
@@ -115,7 +115,7 @@ def lease(call, plan, topk_ids, quant_dtype):
 def _make(key, plan, M, dev, quant_dtype):
     """``(set, pool generation it was counted in, its bytes)``: a new set counted in the pool's bytes; None
     past the limit."""
-    from ..kernels import moe_sort_mx_quant as kernel
+    from ...kernels import moe_sort_mx_quant as kernel
 
     size = kernel.outputs_bytes(plan, M, quant_dtype)
     with _lock:

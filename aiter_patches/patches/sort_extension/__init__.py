@@ -16,14 +16,15 @@ from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
-from ..aiter_contract import mx_scale_shape, sort_buffer_sizes
-from ..core.declarations import Patch
-from . import moe_pipeline, relied_on
-from .moe_call import StageOneQuant
+from ...aiter_contract import mx_scale_shape, sort_buffer_sizes
+from ...core.declarations import Patch
+from .. import relied_on
+from ..moe import pipeline as moe_pipeline
+from ..moe.call import StageOneQuant
 
 # The types an extension implements live with the extensions (no circle between them and this patch);
 # re-exported here, where `aiter_patches.patches.sort_extension.SortExtension` has always been found.
-from ..extensions.api import SortCall, SortExtension, SortExtensionError  # noqa: F401
+from ...extensions.api import SortCall, SortExtension, SortExtensionError  # noqa: F401
 
 log = logging.getLogger("aiter_patches")
 
@@ -81,7 +82,7 @@ def _close(ext: SortExtension, unwinding: bool) -> None:
     try:
         ext.close()
     except Exception as exc:
-        from ..registry import counters
+        from ...registry import counters
 
         try:
             counters(NAME).failed(exc, f"SortExtension '{ext.name}'.close")
@@ -270,9 +271,9 @@ def check(device):
     """`aiter-patches verify`: an active extension's outputs are the ones returned; with none active the sort is AITER's."""
     import torch
 
-    from .. import checks as kit
-    from ..extensions import PrecomputedSort
-    from ..verify import CheckResult, suspended
+    from ... import checks as kit
+    from ...extensions import PrecomputedSort
+    from ...verify import CheckResult, suspended
 
     _, fm = kit.aiter_modules()
     M, E, topk, dim, block = 9, 16, 4, 128, 32

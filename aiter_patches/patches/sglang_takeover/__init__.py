@@ -41,11 +41,12 @@ import sys
 import types
 from typing import Any
 
-from .. import foreign_layers
-from ..core.aliases import unwrap_foreign
-from ..drift import live_source_reason, source_hash
-from ..core.declarations import Patch, Target
-from . import moe_call, pins, relied_on
+from ... import foreign_layers
+from ...core.aliases import unwrap_foreign
+from ...drift import live_source_reason, source_hash
+from ...core.declarations import Patch, Target
+from .. import pins, relied_on
+from ..moe import call as moe_call
 
 log = logging.getLogger("aiter_patches")
 
@@ -203,7 +204,7 @@ def check_source(text: str, where: str = SGLANG_MODULE) -> list[str]:
     """
     import ast
 
-    from ..signatures import from_ast, match
+    from ...signatures import from_ast, match
 
     tree = ast.parse(text)
     lines = text.splitlines()

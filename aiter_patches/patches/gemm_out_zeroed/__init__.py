@@ -31,9 +31,10 @@ import sys
 import weakref
 from typing import Any, NamedTuple, Protocol
 
-from .. import call_key
-from ..core.declarations import CheckResult, Patch, Target
-from . import moe_call, pins, relied_on
+from ... import call_key
+from ...core.declarations import CheckResult, Patch, Target
+from .. import pins, relied_on
+from ..moe import call as moe_call
 
 NAME = "gemm_out_zeroed"
 
@@ -109,7 +110,7 @@ def _hip():
     if not _HIP:
         import torch
 
-        from ..kernels import hip_blockscale_asm
+        from ...kernels import hip_blockscale_asm
 
         _HIP.extend((hip_blockscale_asm, torch))
     return _HIP[0]
@@ -275,9 +276,9 @@ def check(device) -> CheckResult:
     """``aiter-patches verify``: out_zeroed=True into zeros equals AITER's memset + GEMM, bit for bit."""
     import torch
 
-    from .. import checks, registry, verify
-    from ..aiter_contract import SCALE_BLOCK
-    from ..reference.blockscale_gemm import shuffle_weight_16x16
+    from ... import checks, registry, verify
+    from ...aiter_contract import SCALE_BLOCK
+    from ...reference.blockscale_gemm import shuffle_weight_16x16
 
     aiter = sys.modules["aiter"]
     gemm = sys.modules["aiter.ops.gemm_op_a8w8"].gemm_a8w8_blockscale_bpreshuffle_asm
