@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import sys
 import threading
 import time
