@@ -1,4 +1,4 @@
-"""What the stand-in provides verify's checks beyond AITER's functions (``aiter_patches.checks.Provided``).
+"""What the stand-in provides verify's checks beyond AITER's functions (``aiter_patches.patches.checks.Provided``).
 
 On the stand-in every patch's fast path serves the checks' calls (its kernels run wherever Triton
 does), so a fast path not taken is a failure; its split-K GEMM adds the splits in a fixed order, so
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from aiter_patches import checks
+from aiter_patches.patches import checks
 
 
 def fused_moe_inputs(device, quant: str, M=5, E=8, topk=2, dim=256, inter=128, seed=3) -> dict:

@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aiter_patches
-from aiter_patches.checks import bf16_moe_inputs
+from aiter_patches.patches.checks import bf16_moe_inputs
 from aiter_patches.verify import suspended
 
 from .sglang_tree import importable, sglang_tree, write_tree  # noqa: F401  (fixture)

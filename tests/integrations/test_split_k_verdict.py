@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from aiter_patches.checks import Provided, split_k_verdict
+from aiter_patches.patches.checks import Provided, split_k_verdict
 
 DETAILS = dict(missing="not taken", taken_detail="taken, same bits", untaken_detail="not taken, AITER's result",
                bound_detail="asm took it")

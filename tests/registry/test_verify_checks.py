@@ -27,7 +27,7 @@ def test_a_check_named_by_module_and_function_is_imported_when_resolved():
     assert fn is declarations.CheckResult
 
 
-@pytest.mark.parametrize("bad", ["aiter_patches.checks", ":f", "aiter_patches.checks:"])
+@pytest.mark.parametrize("bad", ["aiter_patches.patches.checks", ":f", "aiter_patches.patches.checks:"])
 def test_a_malformed_check_name_says_what_to_declare(bad):
     with pytest.raises(ValueError, match="module:function"):
         verify.resolve_check(bad)

@@ -251,7 +251,7 @@ def check(device):
     import torch
 
     from ... import registry
-    from ...checks import bf16_moe_inputs
+    from ...patches.checks import bf16_moe_inputs
     from ...core.declarations import CheckResult
     from ...verify import suspended
 

@@ -282,7 +282,7 @@ def check(device):
     import torch
 
     from ... import registry
-    from ...checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_routed, split_k_verdict
+    from ...patches.checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_routed, split_k_verdict
     from ...verify import suspended
 
     mod = sys.modules[dispatch.MODULE]

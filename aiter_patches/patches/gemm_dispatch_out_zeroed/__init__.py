@@ -160,7 +160,7 @@ def check(device):
 
     import torch
 
-    from ...checks import split_k_gemm_inputs, split_k_routed, split_k_verdict
+    from ..checks import split_k_gemm_inputs, split_k_routed, split_k_verdict
     from ...verify import suspended
     from ... import registry
 

@@ -276,7 +276,8 @@ def check(device) -> CheckResult:
     """``aiter-patches verify``: out_zeroed=True into zeros equals AITER's memset + GEMM, bit for bit."""
     import torch
 
-    from ... import checks, registry, verify
+    from ... import registry, verify
+    from .. import checks
     from ...aiter_contract import SCALE_BLOCK
     from ...reference.blockscale_gemm import shuffle_weight_16x16
 

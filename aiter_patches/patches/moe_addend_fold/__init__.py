@@ -170,7 +170,8 @@ def check(device):
     ``fused_moe`` inputs it runs here, ``fused_moe(moe_addend=)`` is within the fold's bound of ``fused_moe + addend``."""
     import torch
 
-    from ... import checks as kit, registry
+    from ... import registry
+    from .. import checks as kit
     from ...verify import CheckResult, suspended
     from ..moe import call as moe_call
 

@@ -7,7 +7,8 @@ def check(device):
     defines; also a whole MXFP4 ``fused_moe`` where the AITER under test provides inputs it runs here."""
     import torch
 
-    from ... import checks as kit, registry
+    from ... import registry
+    from .. import checks as kit
     from ...verify import CheckResult, suspended
 
     aiter, fm = kit.aiter_modules()

@@ -271,7 +271,7 @@ def check(device):
     """`aiter-patches verify`: an active extension's outputs are the ones returned; with none active the sort is AITER's."""
     import torch
 
-    from ... import checks as kit
+    from .. import checks as kit
     from ...extensions import PrecomputedSort
     from ...verify import CheckResult, suspended
 

@@ -28,10 +28,10 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from . import registry
-from .core.declarations import CheckResult
-from .patches.moe import call as moe_call
-from .verify import suspended
+from .. import registry
+from ..core.declarations import CheckResult
+from .moe import call as moe_call
+from ..verify import suspended
 
 
 class Provided(NamedTuple):
@@ -120,7 +120,7 @@ def compare_sort_quant(a, b, block: int) -> list[str]:
 
 def masked_quant_equal(x, res_a, res_b, quant_dtype, topk: int) -> list[str]:
     """Compare data rows and scale bytes over the positions AITER defines (reference masks)."""
-    from .reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
+    from ..reference.mx_quant import mx_quant_moe_sort_reference, stage1_uses_fused_quant
 
     sorted_ids, sorted_w, _, nv = (t.cpu() for t in res_a[:4])
     M = x.shape[0]
@@ -165,7 +165,7 @@ SPLIT_K_SHAPE = (16, 256, 512)  # (M, N, K) of the skipped-memset checks
 def split_k_gemm_inputs(device, seed: int):
     """fp8 ``A`` [M, K], a 16x16-shuffled fp8 ``B`` [N, K], ``A``'s 1x128 scales (K-major, transposed) and ``B``'s
     128x128 scales, as AITER's block-scale dispatcher takes them, for ``SPLIT_K_SHAPE``."""
-    from .reference.blockscale_gemm import shuffle_weight_16x16
+    from ..reference.blockscale_gemm import shuffle_weight_16x16
 
     fp8 = sys.modules["aiter"].dtypes.fp8
     g = torch.Generator().manual_seed(seed)
