@@ -11,6 +11,9 @@ revertible. This module only hands the core's names on.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 from .core.aliases import unwrap_foreign
 from .core.apply import apply, revert
 from .core.catalog import patches, register, unregister
@@ -31,9 +34,24 @@ from .core.declarations import (
 from .core.status import ApplyReport, about_to_apply, counters, reset_stats, stats, status
 from .core.status import patch_state as state
 
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Run the block with every applied patch taken off; re-apply the same ones afterwards (what a
+    ``verify`` check runs AITER's own path under)."""
+    applied = [r["name"] for r in status()["patches"] if r["state"] == APPLIED]
+    revert(applied)
+    try:
+        yield
+    finally:
+        if applied:
+            apply(applied)
+
+
 __all__ = [
     "APPLIED", "DISABLED", "INACTIVE", "PENDING", "SKIPPED",
     "ApplyReport", "CheckResult", "Patch", "PatchSkipped", "Site", "SourcePin", "Target",
     "about_to_apply", "apply", "chain_head", "counters", "patches", "register", "reset_stats", "revert", "state",
-    "stats", "status", "unregister", "unwrap_foreign", "visit_chains",
+    "stats", "status", "suspended", "unregister", "unwrap_foreign", "visit_chains",
 ]

@@ -8,7 +8,7 @@ checks of a skipped split-K memset (``patches/gemm_dispatch_out_zeroed.py``,
 asm and their verdict: ``split_k_gemm_inputs``, ``split_k_routed``, ``split_k_verdict``.
 
 A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort helpers,
-``fused_moe``) with the patch applied and, inside ``verify.suspended()``, without it, on the
+``fused_moe``) with the patch applied and, inside ``registry.suspended()``, without it, on the
 same inputs, then compares over every position AITER defines. Each also asserts that the fast
 path was taken (a check that only exercised fallbacks would prove nothing).
 
@@ -31,7 +31,7 @@ import torch
 from .. import registry
 from ..core.declarations import CheckResult
 from .moe import call as moe_call
-from ..verify import suspended
+from ..registry import suspended
 
 
 class Provided(NamedTuple):

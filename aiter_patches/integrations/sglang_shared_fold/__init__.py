@@ -253,7 +253,7 @@ def check(device):
     from ... import registry
     from ...patches.checks import bf16_moe_inputs
     from ...core.declarations import CheckResult
-    from ...verify import suspended
+    from ...registry import suspended
 
     kind = "bound: 2-norm rel. error <= 1e-2 vs SGLang's forward_normal"
     ds = sys.modules[MODULE]

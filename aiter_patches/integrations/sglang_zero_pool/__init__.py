@@ -283,7 +283,7 @@ def check(device):
 
     from ... import registry
     from ...patches.checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_routed, split_k_verdict
-    from ...verify import suspended
+    from ...registry import suspended
 
     mod = sys.modules[dispatch.MODULE]
     A, Bs, a_scale, b_scale = split_k_gemm_inputs(device, seed=12)

@@ -161,7 +161,7 @@ def check(device):
     import torch
 
     from ..checks import split_k_gemm_inputs, split_k_routed, split_k_verdict
-    from ...verify import suspended
+    from ...registry import suspended
     from ... import registry
 
     mod = sys.modules[MODULE]

@@ -276,7 +276,7 @@ def check(device) -> CheckResult:
     """``aiter-patches verify``: out_zeroed=True into zeros equals AITER's memset + GEMM, bit for bit."""
     import torch
 
-    from ... import registry, verify
+    from ... import registry
     from .. import checks
     from ...aiter_contract import SCALE_BLOCK
     from ...reference.blockscale_gemm import shuffle_weight_16x16
@@ -301,7 +301,7 @@ def check(device) -> CheckResult:
             return CheckResult("bitwise", False, f"fast path not taken ({why})")
         return CheckResult("bitwise", True, f"every call goes to AITER unchanged here: no fast path ({why})")
     out_o = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
-    with verify.suspended():
+    with registry.suspended():
         gemm(A, Bs, out_o, a_scale, b_scale, splitK=split)
     ok = torch.equal(out_p.view(torch.int16), out_o.view(torch.int16))
     return CheckResult("bitwise", ok, f"split {split}: no-memset result equals memset + GEMM" if ok else "outputs differ")

@@ -172,7 +172,8 @@ def check(device):
 
     from ... import registry
     from .. import checks as kit
-    from ...verify import CheckResult, suspended
+    from ...core.declarations import CheckResult
+    from ...registry import suspended
     from ..moe import call as moe_call
 
     _, fm = kit.aiter_modules()

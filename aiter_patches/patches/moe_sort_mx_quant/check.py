@@ -9,7 +9,8 @@ def check(device):
 
     from ... import registry
     from .. import checks as kit
-    from ...verify import CheckResult, suspended
+    from ...core.declarations import CheckResult
+    from ...registry import suspended
 
     aiter, fm = kit.aiter_modules()
     M, E, topk, dim, block = 7, 16, 4, 256, 32

@@ -273,7 +273,8 @@ def check(device):
 
     from .. import checks as kit
     from ...extensions import PrecomputedSort
-    from ...verify import CheckResult, suspended
+    from ...core.declarations import CheckResult
+    from ...registry import suspended
 
     _, fm = kit.aiter_modules()
     M, E, topk, dim, block = 9, 16, 4, 128, 32
