@@ -2,8 +2,8 @@
 
 Yes/no: ``1``/``true``/``yes``/``on`` and their opposites. Why one module: the
 strict switch, the on/off switch, the auto ``.pth`` line and the fast-launch mode
-each parsed these words themselves. Numbers (:func:`positive_number`): a value
-that breaks the rule (``-5``, ``abc``, ``inf``, ``1e999``, ``²``) is never silently
+each parsed these words themselves. Numbers (:func:`positive_number`, and
+:func:`integer` for AITER's own variables that a patch mirrors): a value that breaks the rule (``-5``, ``abc``, ``inf``, ``1e999``, ``²``) is never silently
 ignored and never raises: one warning naming the variable and the rule, then
 the default. It imports only ``os`` at import time, so the bootstrap and the
 ``.pth`` line's text can use it at no cost.
@@ -77,3 +77,21 @@ def _parse(raw: str, whole: bool):
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def integer(name: str, default: int) -> int:
+    """Environment variable ``name`` as an integer (any sign; unset or empty: ``default``), for the variables
+    of AITER's that a patch mirrors: never raises; anything else warns once and gives ``default``."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    body = raw[1:] if raw[:1] in "+-" else raw
+    if body.isascii() and body.isdigit():
+        return int(raw)
+    if (name, raw) not in _warned:
+        _warned.add((name, raw))
+        import logging
+
+        logging.getLogger("aiter_patches").warning("%s=%r ignored: the rule is a whole number; using the default (%s)",
+                                                   name, raw, default)
+    return default

@@ -53,3 +53,16 @@ def test_the_default_text_names_what_the_default_means(monkeypatch, warnings_see
     monkeypatch.setenv(NAME, "soon")
     assert env_flags.positive_number(NAME, None, default_text="no periodic lines") is None
     assert warnings_seen()[0].endswith("using the default (no periodic lines)")
+
+
+@pytest.mark.parametrize("raw, want", [("", 256), ("300", 300), ("-1", -1), ("+7", 7), ("0", 0)])
+def test_an_integer_of_any_sign(monkeypatch, warnings_seen, raw, want):
+    monkeypatch.setenv(NAME, raw)
+    assert env_flags.integer(NAME, 256) == want and warnings_seen() == []
+
+
+@pytest.mark.parametrize("raw", ["abc", "1.5", "\u00b2", "--1", "1e3"])
+def test_not_an_integer_warns_once_then_the_default(monkeypatch, warnings_seen, raw):
+    monkeypatch.setenv(NAME, raw)
+    assert env_flags.integer(NAME, 256) == 256 and env_flags.integer(NAME, 256) == 256
+    assert warnings_seen() == [f"{NAME}={raw!r} ignored: the rule is a whole number; using the default (256)"]
