@@ -3,7 +3,8 @@
 Yes/no: ``1``/``true``/``yes``/``on`` and their opposites. Why one module: the
 strict switch, the on/off switch, the auto ``.pth`` line and the fast-launch mode
 each parsed these words themselves. Numbers (:func:`positive_number`, and
-:func:`integer` for AITER's own variables that a patch mirrors): a value that breaks the rule (``-5``, ``abc``, ``inf``, ``1e999``, ``²``) is never silently
+:func:`integer` for AITER's own variables that a patch mirrors): a value that
+breaks the rule (``-5``, ``abc``, ``inf``, ``1e999``, ``²``) is never silently
 ignored and never raises: one warning naming the variable and the rule, then
 the default. It imports only ``os`` at import time, so the bootstrap and the
 ``.pth`` line's text can use it at no cost.
