@@ -118,13 +118,19 @@ def _bad_input(command: str, message: str) -> int:
 
 def _environment_problem() -> str | None:
     """What ``apply()`` refuses in this environment (an unknown name in ``AITER_PATCHES_DISABLE`` or
-    ``AITER_PATCHES_INTEGRATIONS``), asked through ``apply([])``, which applies no patch; None when nothing."""
+    ``AITER_PATCHES_INTEGRATIONS``), asked through ``apply([])``, which applies no patch; None when nothing.
+    Its process summary is not logged: under ``run`` this process becomes the command, same pid."""
     from . import registry
 
+    log = logging.getLogger("aiter_patches")
+    was = log.disabled
+    log.disabled = True
     try:
         registry.apply([])
     except ValueError as exc:
         return str(exc)
+    finally:
+        log.disabled = was
     return None
 
 

@@ -140,3 +140,12 @@ def test_from_log_with_no_status_line_says_why_and_what_to_do(tmp_path, capsys):
     assert max(len(line) for line in err.splitlines()) <= 120
     assert cli.main(["status", "--from-log", str(tmp_path / "missing.log")]) == 2  # unreadable: no advice
     assert "why:" not in capsys.readouterr().err
+
+
+def test_the_environment_check_logs_no_summary_of_its_own(caplog, monkeypatch):
+    from aiter_patches import process_report
+
+    monkeypatch.setattr(process_report, "_last_logged", None)  # whatever logged before, this one would log
+    with caplog.at_level("DEBUG", logger="aiter_patches"):
+        assert cli._environment_problem() is None
+    assert not [r for r in caplog.records if "aiter_patches status:" in r.getMessage()]
