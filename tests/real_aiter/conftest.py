@@ -8,10 +8,11 @@ skip and say how to provide one. The cases run in ``runner.py`` subprocesses
 (real AITER and the stand-in must never enter the test runner); their results
 are cached for the session, so every test module reads the same runs.
 
-The tests that read real AITER's runs take minutes (the two runs are the suite's longest
-wait): they are marked ``slow_ci`` here, left out of the default run, and CI runs them in
-its second step (``python -m pytest -m slow_ci``). A session that selects none of them
-starts no real AITER run.
+The runs take minutes (the Triton interpreter runs every case's kernels, on both chips; the
+suite's longest wait, the stand-in's runs too): every test that reads a run is marked
+``slow_ci`` here, left out of the default run, and CI runs them in its second step
+(``python -m pytest -m slow_ci``). A session that selects no test of real AITER starts no
+real-AITER run.
 """
 
 from __future__ import annotations
@@ -59,16 +60,24 @@ def aiter_tree(tmp_path_factory) -> Path:
     pytest.skip(f"no AITER source tree: set {ENV} to an AITER checkout, or provide the fixture {fixture}")
 
 
+def _params(item) -> dict:
+    return getattr(getattr(item, "callspec", None), "params", {})
+
+
 def _reads_real_aiter(item) -> bool:
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    return "real_chain" in getattr(item, "fixturenames", ()) or params.get("backend") == "real"
+    return "real_chain" in getattr(item, "fixturenames", ()) or _params(item).get("backend") == "real"
+
+
+def _reads_a_run(item) -> bool:
+    return (_reads_real_aiter(item) or "stand_in_chain" in getattr(item, "fixturenames", ())
+            or "backend" in _params(item))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
 def pytest_collection_modifyitems(config, items):
     here = Path(__file__).resolve().parent
     for item in items:
-        if here in Path(str(item.path)).resolve().parents and _reads_real_aiter(item):
+        if here in Path(str(item.path)).resolve().parents and _reads_a_run(item):
             item.add_marker(pytest.mark.slow_ci)
 
 
