@@ -17,12 +17,11 @@ def _table(rows: list[dict], cols: Sequence[str]) -> str:
 
 
 FROM_LOG_NOTHING = """\
-why: a process writes its status line once it applied the patches: at INFO after it imported AITER, at DEBUG
-  before (a server's processes that never import AITER, e.g. its tokenizer, log none at INFO); a process started
-  without `aiter-patches run`, AITER_PATCHES_AUTO=1 or the vLLM plugin, that never calls aiter_patches.apply(),
-  logs none at all.
-what to do: start the server as `aiter-patches run -- <command>` (or with AITER_PATCHES_AUTO=1) and read the log it
-  writes, stderr included; add AITER_PATCHES_LOG_LEVEL=DEBUG to see the processes that never imported AITER."""
+why: a process logs its status line when it calls aiter_patches.apply() (`aiter-patches run`, AITER_PATCHES_AUTO=1
+  and the vLLM plugin call it in every process): at INFO once it has imported AITER, at DEBUG before. A process
+  that never imports AITER (a server's tokenizer, say) logs none at INFO; one that never calls apply() logs none.
+what to do: start the server as `aiter-patches run -- <command>` (or with AITER_PATCHES_AUTO=1) and read the log
+  it writes, stderr included; set AITER_PATCHES_LOG_LEVEL=DEBUG to see the processes that never import AITER."""
 
 NEVER_APPLIED = "apply() not called in this process (status --apply calls it)"
 
@@ -60,7 +59,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     rows = [
         {"patch": r["name"], "state": r["state"],
          "targets": _targets_cell([t["location"] for t in r["targets"]], declared.get(r["name"])),
-         "reason": r["reason"] or (NEVER_APPLIED if r["state"] == registry.INACTIVE else "")}
+         "reason": r["reason"] or (NEVER_APPLIED if r["state"] == "inactive" else "")}
         for r in st["patches"]
     ]
     print(_table(rows, ["patch", "state", "targets", "reason"]))
