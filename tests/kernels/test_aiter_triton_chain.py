@@ -143,6 +143,7 @@ print("timed", len(calls))
 """
 
 
+@pytest.mark.slow_ci  # the whole benchmark in the interpreter: a minute on 2 cores (CI's second step)
 def test_bench_table_on_cpu(tmp_path):
     """The whole benchmark, its AITER columns included, at a tiny model on CPU (timing stubbed):
     a broken bench must not cost a GPU run."""
@@ -165,6 +166,7 @@ def test_bench_table_on_cpu(tmp_path):
     assert "compiled in" in out.stdout  # the parallel warm-up ran (2 processes)
 
 
+@pytest.mark.slow_ci
 def test_bench_candidates_on_cpu(tmp_path):
     """Issue 16's candidate run (timing stubbed, no AITER columns): every candidate column is
     filled or skipped, the padded pair counts are the kernel's, and the verdict lines are written."""
