@@ -4,7 +4,7 @@ Why one module: the replacement kernels, their torch references and the patches'
 gates each depend on the same facts about AITER (how big the sort's buffers are,
 how an MX format encodes, which split counts AITER's block-scale GEMM accepts).
 Written three times, one copy drifts and a bitwise test compares two wrong
-copies. The stand-in AITER (``stub_aiter``) keeps its own copies by design: it
+copies. The stand-in AITER (``aiter_patches_standin``) keeps its own copies by design: it
 plays AITER, so a slip here shows up as a difference against it.
 
 Sources: aiter-facts.md ("Sort output contract", "MX quant contract", the

@@ -1,39 +1,80 @@
-"""What the MoE features' equivalence checks share: inputs and comparisons.
+"""What the equivalence checks share: inputs, comparisons, and what the AITER under test provides.
 
-Each MoE patch keeps its ``check`` beside it (``patches/moe_sort_mx_quant.py``,
-``moe_addend_fold.py``, ``sort_extension.py``); they share the routing, the
-stand-in's ``fused_moe`` weights, the sort's defined region and the masked MX
-bytes, which live here once. The two checks of a skipped split-K memset
-(``patches/gemm_dispatch_out_zeroed.py``, ``integrations/sglang_zero_pool.py``)
-share their inputs, the stand-in's tuned entry and their verdict: ``split_k_gemm_inputs``,
-``stand_in_split_k``, ``split_k_verdict``.
+Each patch keeps its ``check`` beside it (``patches/moe_sort_mx_quant.py``,
+``moe_addend_fold.py``, ``sort_extension.py``, ...); they share the routing, ``fused_moe``
+inputs, the sort's defined region and the masked MX bytes, which live here once. The two
+checks of a skipped split-K memset (``patches/gemm_dispatch_out_zeroed.py``,
+``integrations/sglang_zero_pool.py``) share their inputs, the routing of their shape to split-K
+asm and their verdict: ``split_k_gemm_inputs``, ``split_k_routed``, ``split_k_verdict``.
 
-A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort
-helpers, ``fused_moe`` on the stand-in) with the patch
-applied and, inside ``verify.suspended()``, without it, on the same inputs, then
-compares over every position AITER defines. Each also asserts that the fast
+A check calls AITER's public entry points (``moe_sorting``, the MX quant-sort helpers,
+``fused_moe``) with the patch applied and, inside ``verify.suspended()``, without it, on the
+same inputs, then compares over every position AITER defines. Each also asserts that the fast
 path was taken (a check that only exercised fallbacks would prove nothing).
+
+What a check may ask beyond AITER's functions depends on the AITER build, not on the check:
+:class:`Provided` (whole ``fused_moe`` inputs it runs here, a way to route a GEMM shape to
+split-K asm, whether its split-K adds in a fixed order, whether every fast path must serve the
+checks' calls). AMD's AITER provides none of these (the defaults); a build that does (the
+stand-in) registers them at its import with :func:`provide`. No check asks which build it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from . import registry
-from .declarations import CheckResult
+from .core.declarations import CheckResult
 from .patches import moe_call
 from .verify import suspended
 
 
+class Provided(NamedTuple):
+    """What an AITER build provides the checks beyond its functions (the defaults: AMD's AITER).
+
+    - ``fused_moe_inputs(device, quant)``: keyword arguments of a whole ``fused_moe`` call this
+      build runs here (``quant``: ``"fp4"``, MXFP4 weights; ``"bf16"``); None: the checks compare
+      no whole call.
+    - ``route_split_k(module, shape, split)``: a context manager under which the block-scale
+      dispatcher of ``module`` runs ``shape`` (M, N, K) as split-K asm with ``split`` splits; None:
+      the installed tuned config decides.
+    - ``split_k_in_order``: its split-K asm adds the splits in a fixed order (bitwise at any split);
+      False: atomically, in any order (AITER's ``.co``).
+    - ``fast_paths_required``: every patch's fast path serves the checks' calls on this build, so
+      one not taken is a failure; False: the machine and the tuned config decide.
+    """
+
+    fused_moe_inputs: Callable[[Any, str], dict] | None = None
+    route_split_k: Callable[..., Any] | None = None
+    split_k_in_order: bool = False
+    fast_paths_required: bool = False
+
+
+AITER = Provided()
+_PROVIDED: "weakref.WeakKeyDictionary[Any, Provided]" = weakref.WeakKeyDictionary()
+
+
+def provide(aiter, provided: Provided | None) -> None:
+    """What ``aiter`` (an imported AITER package) provides the checks; None: the defaults again."""
+    if provided is None:
+        _PROVIDED.pop(aiter, None)
+    else:
+        _PROVIDED[aiter] = provided
+
+
+def provided() -> Provided:
+    """What the imported ``aiter`` provides the checks (the defaults where it registered nothing)."""
+    mod = sys.modules.get("aiter")
+    return _PROVIDED.get(mod, AITER) if mod is not None else AITER
+
+
 def aiter_modules():
     return sys.modules["aiter"], sys.modules["aiter.fused_moe"]
-
-
-def is_stand_in() -> bool:
-    return bool(getattr(sys.modules.get("aiter"), "IS_AITER_PATCHES_STAND_IN", False))
 
 
 def routing(M: int, E: int, topk: int, device, seed: int = 0):
@@ -96,35 +137,19 @@ def masked_quant_equal(x, res_a, res_b, quant_dtype, topk: int) -> list[str]:
     return bad
 
 
-def stand_in_moe_inputs(device, M=5, E=8, topk=2, dim=256, inter=128, quant="fp4", seed=3):
-    """Inputs for the stand-in's fused_moe: MXFP4 (or bf16) weights with unshuffled e8m0 scales."""
-    aiter, fm = aiter_modules()
+def bf16_moe_inputs(device, M=5, E=8, topk=2, dim=256, inter=128, seed=3) -> dict:
+    """``fused_moe`` keyword arguments with bf16 weights (no quantization): the routing, ``x``, ``w1``, ``w2``."""
     g = torch.Generator().manual_seed(seed)
     ids, w = routing(M, E, topk, device, seed)
     x = torch.randn(M, dim, generator=g).to(torch.bfloat16).to(device)
-    if quant == "bf16":
-        w1 = (torch.randn(E, 2 * inter, dim, generator=g) / dim**0.5).to(torch.bfloat16).to(device)
-        w2 = (torch.randn(E, dim, inter, generator=g) / inter**0.5).to(torch.bfloat16).to(device)
-        return dict(hidden_states=x, w1=w1, w2=w2, topk_weight=w, topk_ids=ids)
-    w1 = torch.randint(0, 256, (E, 2 * inter, dim // 2), generator=g, dtype=torch.uint8)
-    w2 = torch.randint(0, 256, (E, dim, inter // 2), generator=g, dtype=torch.uint8)
-    s1 = torch.randint(120, 124, (E, 2 * inter, dim // 32), generator=g, dtype=torch.uint8)
-    s2 = torch.randint(120, 124, (E, dim, inter // 32), generator=g, dtype=torch.uint8)
-    return dict(
-        hidden_states=x,
-        w1=w1.to(device).view(aiter.dtypes.fp4x2),
-        w2=w2.to(device).view(aiter.dtypes.fp4x2),
-        topk_weight=w,
-        topk_ids=ids,
-        quant_type=aiter.QuantType.per_1x32,
-        w1_scale=s1.to(device).view(aiter.dtypes.fp8_e8m0),
-        w2_scale=s2.to(device).view(aiter.dtypes.fp8_e8m0),
-    )
+    w1 = (torch.randn(E, 2 * inter, dim, generator=g) / dim**0.5).to(torch.bfloat16).to(device)
+    w2 = (torch.randn(E, dim, inter, generator=g) / inter**0.5).to(torch.bfloat16).to(device)
+    return dict(hidden_states=x, w1=w1, w2=w2, topk_weight=w, topk_ids=ids)
 
 
-def whole_fused_moe_bitwise(device) -> list[str]:
+def whole_fused_moe_bitwise(args: dict) -> list[str]:
+    """``fused_moe(**args)`` patched vs. unpatched, bit for bit; the sort + quant's fast path must be taken."""
     _, fm = aiter_modules()
-    args = stand_in_moe_inputs(device)
     before = fast_hits("moe_sort_mx_quant")
     patched = fm.fused_moe(**args)
     if fast_hits("moe_sort_mx_quant") < before + 2:
@@ -152,36 +177,30 @@ def split_k_gemm_inputs(device, seed: int):
     return A, Bs, a_scale, b_scale
 
 
-@contextlib.contextmanager
-def stand_in_split_k(mod):
-    """Yields whether ``aiter`` is the stand-in; if so, its tuned table ``mod.TUNED`` sends ``SPLIT_K_SHAPE`` to asm
-    with two splits for the duration (restored after). On real AITER the installed tuned config decides."""
-    stand_in = getattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
-    saved = dict(getattr(mod, "TUNED", {}))
-    if stand_in:
-        mod.TUNED[SPLIT_K_SHAPE] = {"libtype": "asm", "splitK": 2, "kernelName": ""}
-    try:
-        yield stand_in
-    finally:
-        if stand_in:
-            mod.TUNED.clear()
-            mod.TUNED.update(saved)
+def split_k_routed(mod):
+    """A context manager under which the dispatcher of ``mod`` runs ``SPLIT_K_SHAPE`` as split-K asm with two
+    splits, where the AITER under test provides a way (:attr:`Provided.route_split_k`); otherwise
+    (AMD's AITER) it changes nothing: the installed tuned config decides."""
+    route = provided().route_split_k
+    return route(mod, SPLIT_K_SHAPE, 2) if route is not None else contextlib.nullcontext()
 
 
 SPLIT_K_BOUND = 1e-2  # relative 2-norm error of AITER's atomically added asm splits vs. its memset + GEMM
 
 
-def split_k_verdict(patched, original, *, stand_in: bool, taken: bool, missing: str, taken_detail: str,
-                    untaken_detail: str, bound_detail: str) -> CheckResult:
+def split_k_verdict(patched, original, *, taken: bool, missing: str, taken_detail: str, untaken_detail: str,
+                    bound_detail: str, aiter: Provided | None = None) -> CheckResult:
     """The verdict of a check whose patched GEMM may skip AITER's memset before its split-K asm kernel.
 
-    On the stand-in the fast path must be taken (else ``missing``) and its splits add in a fixed
-    order: bitwise. On real AITER, bitwise where the tuned config did not take it; where it did,
-    AITER's splits add atomically (in any order), so within ``SPLIT_K_BOUND`` (2-norm, relative).
+    ``aiter``: what the AITER under test provides (default: :func:`provided`). Where its fast paths
+    are required, this one must be taken (else ``missing``). Bitwise where the fast path was not
+    taken, or where its split-K adds in a fixed order; where it was taken and AITER's splits add
+    atomically (in any order), within ``SPLIT_K_BOUND`` (2-norm, relative).
     """
-    if stand_in and not taken:
+    aiter = provided() if aiter is None else aiter
+    if aiter.fast_paths_required and not taken:
         return CheckResult("bitwise", False, missing)
-    if stand_in or not taken:
+    if aiter.split_k_in_order or not taken:
         ok = torch.equal(patched.view(torch.int16), original.view(torch.int16))
         detail = taken_detail if taken else untaken_detail
         return CheckResult("bitwise", ok, detail if ok else "outputs differ")

@@ -185,13 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_optional_commands(sub) -> None:
-    """Commands whose modules may add their own sub-parsers (drift, run)."""
-    try:
-        from . import drift
-    except ImportError:
-        drift = None
-    if drift is not None and hasattr(drift, "add_parser"):
-        drift.add_parser(sub)
+    """Commands whose modules add their own sub-parsers (drift, run)."""
+    from .drift import command as drift_command  # reads source files only: imports no AITER, no server
+
+    drift_command.add_parser(sub)
     try:
         from . import launcher
     except ImportError:

@@ -10,7 +10,10 @@ tell an operator something untrue, so ``status()``, the summary line,
 
 Detection runs at apply, status, stats and log time, never per call (the one
 call-path use, :func:`outer_layer_name`, is an identity test on a fallback
-branch with the description memoized). A layer is found by identity only: a
+branch with the description memoized). The core does not call this module: it
+subscribes to the core's hooks (``core/events.py``) and adds ``foreign_layers``
+to each applied patch's status record and stats entry, and renews its lock in a
+forked child. A layer is found by identity only: a
 location whose object is not our chain's outermost wrapper but reaches it
 through ``__wrapped__`` (functools.wraps, wrapt proxies) or a closure cell is an
 outer layer; a chain original that is a Python function defined outside AITER's
@@ -26,6 +29,9 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
+from .core import chains, events
+from .core.declarations import APPLIED
+
 OUTER, INNER, REPLACED = "outer", "inner", "replaced"
 _DEPTH = 6  # wrappers followed from one location before giving up
 
@@ -36,7 +42,7 @@ _memo_lock = threading.Lock()
 
 
 def renew_lock_after_fork() -> None:
-    """A fresh memo lock in a forked child (a parent thread may have been inside the memo). Called by the registry."""
+    """A fresh memo lock in a forked child (a parent thread may have been inside the memo): ``FORK_RENEW``."""
     global _memo_lock
     _memo_lock = threading.Lock()
 
@@ -171,25 +177,12 @@ def _unique(layers: list[Layer]) -> list[Layer]:
 
 def for_patch(name: str) -> list[Layer]:
     """Foreign layers on the targets of one applied patch."""
-    from . import registry
-
-    return _unique(registry.visit_chains(name, scan_chain))
+    return _unique(chains.visit_chains(name, scan_chain))
 
 
 def records(name: str) -> list[dict[str, Any]]:
     """``for_patch`` as plain dicts with their one-line description (for status records and JSON)."""
     return [dict(asdict(layer), text=layer.describe()) for layer in for_patch(name)]
-
-
-_registry = None  # the registry module, imported at the first call (it imports this module)
-
-
-def _import_registry():
-    global _registry
-    from . import registry
-
-    _registry = registry
-    return registry
 
 
 def outer_layer_name(module: str, attr: str) -> str | None:
@@ -198,18 +191,18 @@ def outer_layer_name(module: str, attr: str) -> str | None:
     Cheap enough for a fallback branch: one lookup and one identity test while
     the binding is ours; the chain walk is done once per foreign object.
     """
-    chain = (_registry or _import_registry())._chains.get((module, attr))
+    head = chains.chain_head(module, attr)
     mod = sys.modules.get(module)
-    if chain is None or chain.current is None or mod is None:
+    if head is None or mod is None:
         return None
     obj = getattr(mod, attr, None)
-    if obj is chain.current or obj is None:
+    if obj is head or obj is None:
         return None
     with _memo_lock:
         hit = _memo.get(id(obj))
         if hit is not None and hit[0] is obj:
             return hit[1]
-    path = path_to(obj, chain.current) or [obj]
+    path = path_to(obj, head) or [obj]
     names = []
     for o in path:
         m, q = defined_by(o)
@@ -231,6 +224,19 @@ def short(layers: list[Layer] | list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _status_fields(name: str, state: str) -> dict[str, Any]:
+    return {"foreign_layers": records(name) if state == APPLIED else []}
+
+
+def _stats_fields(name: str, state: str) -> dict[str, Any]:
+    """The key appears only when a foreign layer is seen."""
+    layers = records(name) if state == APPLIED else []
+    return {"foreign_layers": [layer["text"] for layer in layers]} if layers else {}
+
+
+events.subscribe(events.STATUS_FIELDS, _status_fields)
+events.subscribe(events.STATS_FIELDS, _stats_fields)
+events.subscribe(events.FORK_RENEW, renew_lock_after_fork)
 
 
 UNREACHED_SORT = "the sort did not run through _moe_sorting_impl (flat or FlyDSL sort)"

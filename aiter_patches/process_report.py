@@ -3,10 +3,10 @@
 An inference server's tensor-parallel workers are separate processes that each
 import AITER; a user needs to see, per process, whether the patches reached it.
 After ``apply()`` and after a post-import hook applies a pending patch, the
-registry calls ``log_if_changed()``, which logs two lines on the
-``aiter_patches`` logger when this process's patch states changed, at INFO
-once AITER is imported (at DEBUG before: a server's helper processes that
-never import AITER stay quiet):
+core emits ``STATES_CHANGED`` (``core/events.py``); this module, subscribed to it,
+runs ``log_if_changed()``, which logs two lines on the ``aiter_patches`` logger
+when this process's patch states changed, at INFO once AITER is imported (at
+DEBUG before: a server's helper processes that never import AITER stay quiet):
 
     aiter_patches: process 4242 [RANK=1 LOCAL_RANK=1] SpawnProcess-2 via run: applied 4 (...); ...
     aiter_patches status: {"pid": 4242, ...}
@@ -25,7 +25,8 @@ import os
 import sys
 from typing import Any, Iterable, TextIO
 
-from . import foreign_layers, import_hooks, log_records, stats_log
+from . import foreign_layers, log_records, registry, stats_log
+from .core import events
 
 log = logging.getLogger("aiter_patches")
 
@@ -50,16 +51,15 @@ def note_start(via: str) -> None:
 def log_if_changed() -> None:
     """Log the summary and status lines if this process's patch states changed since the last ones; never raises.
 
-    Called by the registry at the end of ``apply()`` and after a post-import
-    hook applied a patch. While another pending patch's modules are all
-    imported its own hook is about to run: the summary waits for it, so one
-    import of ``aiter.fused_moe`` gives one summary, not one per patch.
+    Run after ``apply()`` and after a post-import hook applied a patch (the
+    core's ``STATES_CHANGED``), and before each batch of stats lines. While
+    another pending patch's modules are all imported its own hook is about to
+    run: the summary waits for it, so one import of ``aiter.fused_moe`` gives
+    one summary, not one per patch.
     """
     global _last_logged
     try:
-        from . import registry
-
-        if _hooks_about_to_run(registry):
+        if registry.about_to_apply():
             return
         record = status_record()
         key = (record["pid"], json.dumps(record["patches"], sort_keys=True))
@@ -81,11 +81,9 @@ summary_after_fork = False  # set by bootstrap.start(): a forked child writes it
 def log_after_fork() -> None:
     """In a forked child that inherited applied or pending patches: its own summary (its pid differs).
 
-    Called by the registry's single fork handler, last: every lock of the
+    Run by the core's fork handler (``FORK_RESTART``), last: every lock of the
     package is fresh by then, so this never waits on a thread of the parent.
     """
-    from . import registry
-
     try:
         if any(p["state"] in ("applied", "pending") for p in registry.status()["patches"]):
             log_if_changed()
@@ -93,14 +91,19 @@ def log_after_fork() -> None:
         log.debug("aiter_patches: could not write the summary after fork", exc_info=True)
 
 
-def _hooks_about_to_run(registry) -> bool:
-    """A pending patch whose modules are all imported, or finishing their import, applies in a moment.
-    A lazy module may never run: a patch waiting for one is reported now."""
-    about = (import_hooks.READY, import_hooks.INITIALIZING)
-    for p in registry.patches():
-        if registry.state(p.name) == "pending" and all(import_hooks.readiness(t.module) in about for t in p.targets):
-            return True
-    return False
+def _on_states_changed(cause: str) -> None:
+    if cause != "revert":  # a revert writes no summary (the next apply or import does)
+        log_if_changed()
+
+
+def _on_fork_restart(inherited: dict) -> None:
+    if summary_after_fork:
+        log_after_fork()
+
+
+events.subscribe(events.STATES_CHANGED, _on_states_changed)
+events.subscribe(events.FORK_RESTART, _on_fork_restart)
+stats_log.before_lines(log_if_changed)
 
 
 def rank_env() -> dict[str, str]:
@@ -123,8 +126,6 @@ def _title() -> str | None:
 
 def status_record() -> dict[str, Any]:
     """This process and the compact state of every patch: what the status line carries."""
-    from . import registry
-
     st = registry.status()
     return {
         "pid": os.getpid(),
@@ -308,11 +309,6 @@ def scan_log(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
         elif pid is not None:
             latest[pid] = record  # dict keeps first-insertion order
     return list(latest.values()), odd
-
-
-def read_log(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The last status record of each pid in a log (see ``scan_log``)."""
-    return scan_log(lines)[0]
 
 
 def _open_log(path: str) -> TextIO:

@@ -15,7 +15,8 @@ latest line of each (pid, patch) over the processes of a log.
 
 The interval thread is a daemon (it never keeps a process alive) and is
 restarted in a forked child, whose lines count only its own calls (the counts
-it inherited at the fork are subtracted). Processes that leave through
+it inherited at the fork are subtracted): this module subscribes to the core's
+fork events (``core/events.py``), the core never calls it. Processes that leave through
 ``os._exit`` (multiprocessing's fork workers) or a signal log no exit line: set
 the interval for those.
 """
@@ -27,9 +28,10 @@ import json
 import logging
 import os
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from . import log_records
+from . import log_records, registry
+from .core import events
 
 log = logging.getLogger("aiter_patches")
 
@@ -46,6 +48,13 @@ _thread: threading.Thread | None = None
 _stop: threading.Event | None = None
 _baseline: dict[str, dict[str, Any]] = {}  # counts inherited through fork, per patch
 _last: dict[str, str] = {}  # per patch, the counts part of the last line logged
+_before_lines: list[Callable[[], None]] = []  # run before each batch of lines (process_report: a fresh status line)
+
+
+def before_lines(fn: Callable[[], None]) -> None:
+    """Run ``fn`` before each batch of stats lines (at an interval and at exit); it must never raise."""
+    if fn not in _before_lines:
+        _before_lines.append(fn)
 
 
 def interval() -> float | None:
@@ -97,17 +106,22 @@ def stop_thread() -> None:
     _thread, _stop = None, None
 
 
-def after_fork_in_child(inherited: dict[str, dict[str, Any]]) -> None:
-    """The parent's thread is gone; its counts (``inherited``, per patch) are not this process's. Never blocks.
-
-    Called by the registry's single fork handler, after it renewed every lock of
-    the package and before the child's summary (whose ``ensure_started`` then
-    finds this process started: one thread, one exit line).
-    """
-    global _thread, _stop, _lock, _started_pid
+def _renew_after_fork() -> None:
+    """``FORK_RENEW``: a fresh lock; the parent's thread is gone. Never blocks."""
+    global _thread, _stop, _lock
     _lock = threading.Lock()
     _thread, _stop = None, None
     _last.clear()
+
+
+def _restart_after_fork(inherited: dict[str, dict[str, Any]]) -> None:
+    """``FORK_RESTART``: the counts the child inherited (per patch) are not its own; its thread starts again.
+
+    Subscribed before process_report's (which imports this module), so the
+    child's summary, whose ``ensure_started`` then finds this process started,
+    comes after: one thread, one exit line.
+    """
+    global _started_pid
     _baseline.clear()
     _baseline.update(inherited)
     try:
@@ -116,6 +130,10 @@ def after_fork_in_child(inherited: dict[str, dict[str, Any]]) -> None:
             _start_thread()
     except Exception:  # never in the way of a fork
         pass
+
+
+events.subscribe(events.FORK_RENEW, _renew_after_fork)
+events.subscribe(events.FORK_RESTART, _restart_after_fork)
 
 
 def _at_exit() -> None:
@@ -130,8 +148,6 @@ def _minus(now: dict[str, int], base: dict[str, int]) -> dict[str, int]:
 
 def records() -> list[dict[str, Any]]:
     """This process's counts per applied patch (since its start, or its fork), with the foreign layers seen."""
-    from . import registry
-
     out = []
     for name, snap in registry.stats().items():  # one foreign-layer scan, with the counts
         if registry.state(name) != registry.APPLIED:
@@ -182,9 +198,8 @@ def line(record: dict[str, Any]) -> str:
 def log_stats(at: str) -> None:
     """Log one line per applied patch (``at``: "exit" or "interval"; at an interval only changed ones). Never raises."""
     try:
-        from . import process_report
-
-        process_report.log_if_changed()  # a foreign layer seen since the last status line gets one
+        for fn in list(_before_lines):  # process_report: a foreign layer seen since the last status line gets one
+            fn()
         for rec in records():
             counts = json.dumps([rec["fast"], rec["fallback"], rec["errors"], rec["foreign_layers"]], sort_keys=True)
             if at == "interval" and _last.get(rec["patch"]) == counts:
@@ -233,11 +248,6 @@ def scan_stats(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
             else:
                 odd += 1
     return list(latest.values()), odd
-
-
-def read_stats(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The latest stats record of each (pid, patch) in a log (see ``scan_stats``)."""
-    return scan_stats(lines)[0]
 
 
 def _add(into: dict[str, int], more: Any) -> None:

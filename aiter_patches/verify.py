@@ -4,8 +4,9 @@ Each patch declares a ``check(device)`` beside it (``Patch.check``: the function
 "module:function") that calls AITER's public entry point
 with the patch and, inside :func:`suspended`, without it, on the same inputs,
 and compares: bitwise where the patch claims it, within a stated bound where it
-does not. Where no real AITER imports, the stand-in is used, and the table says so;
-which patches run and which modules are imported for them comes from the registry.
+does not. Where no real AITER imports, the stand-in (``aiter_patches_standin``, imported here
+only then) is used, and the table says so; which patches run and which modules are imported for
+them comes from the registry.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from typing import Callable, Iterator, Sequence
 
 from . import registry
-from .declarations import Check, CheckResult  # CheckResult re-exported: checks import it from here
+from .core.declarations import Check, CheckResult  # CheckResult re-exported: checks import it from here
 
 
 @contextlib.contextmanager
@@ -40,7 +41,7 @@ def real_aiter_problem() -> str | None:
             mod = importlib.import_module("aiter")
         except Exception as exc:  # any import failure means: no usable AITER
             return f"import aiter failed: {type(exc).__name__}: {exc}"
-    if getattr(mod, "IS_AITER_PATCHES_STAND_IN", False):
+    if _is_stand_in(mod):
         return None
     try:
         importlib.import_module("aiter.fused_moe")
@@ -81,14 +82,30 @@ def run(device: str | None = None, names: Sequence[str] | None = None) -> tuple[
     if problem is None:
         return _run_all(dev, names), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
     for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
-        if not getattr(sys.modules.get("aiter"), "IS_AITER_PATCHES_STAND_IN", False):
+        if not _is_stand_in(sys.modules.get("aiter")):
             del sys.modules[name]
-    from .testing import import_stand_in_targets, use_stub_aiter
+    import aiter_patches_standin  # only here: no real AITER imports
 
-    with use_stub_aiter():
+    with aiter_patches_standin.use():
         import_stand_in_targets()  # the registry says which modules the patches target
         rows = _run_all(dev, names)
     return rows, f"the aiter_patches stand-in (no real AITER: {problem})"
+
+
+def _is_stand_in(mod) -> bool:
+    """Whether ``mod`` (an imported ``aiter``) is the stand-in: it says so itself."""
+    return bool(getattr(mod, "IS_AITER_PATCHES_STAND_IN", False))
+
+
+def import_stand_in_targets() -> list[str]:
+    """With the stand-in imported as ``aiter``: import every module a registered patch targets that the
+    stand-in has (read from its files); returns them in import order."""
+    import aiter_patches_standin
+
+    modules = sorted({m for p in registry.patches() for m in p.modules if aiter_patches_standin.has(m)})
+    for m in modules:
+        importlib.import_module(m)
+    return modules
 
 
 def _run_all(dev, names: Sequence[str] | None = None) -> list[dict]:

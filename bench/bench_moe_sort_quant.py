@@ -1,11 +1,8 @@
 """Benchmark: patched MoE sort + moe_buf zero + MXFP4 quant, its decode methods, and AITER's own Triton chain.
 
-GPU time per call from CUDA-graph replay of many back-to-back calls (how a decode step runs),
-median of several replays, inputs rotated over several sets. Every row also shows the byte
-floor (bytes that must move over the device copy bandwidth measured in the same run); the
-header gives the launch floor (an empty Triton kernel's replay time).
-
-Columns, one process, one GPU:
+GPU time per call from CUDA-graph replay of back-to-back calls, median of several replays, inputs
+rotated over several sets; the byte floor (bytes that must move over the copy bandwidth measured in
+the same run) per row, the launch floor (an empty Triton kernel's replay time) in the header. Columns:
 
 * ``new``: the kernel as configured (module constants); ``path`` says which position method
   the row took (``compare``/``sort``: the E-independent decode methods, ``count``: the
@@ -19,8 +16,17 @@ Columns, one process, one GPU:
   ``AITER quant``: its quant launch alone on the chain's sorted ids. Timed only: on NVIDIA its
   scale bytes are not AITER's HIP bytes (design.md). Needs ``--aiter-src`` (or ``AITER_SRC``):
   a folder holding AITER's ``aiter/`` package, or at least ``aiter/ops/triton``.
+* ``quant GB/s``: the quant part's bytes (activations in, codes and scale bytes out) over its time,
+  ``new`` less ``sort+zero new`` (the same launches without the quant).
 
-    python bench/bench_moe_sort_quant.py --aiter-src .aiter_src --out docs/bench/moe_sort_quant_h200.md
+With ``--sglang`` (SGLang 0.5.23's wheel, or its ``moe_sorting_small.py`` taken out of it) a second table
+times SGLang's one-launch decode sort + MXFP8 quant (``_run_small_sort``) beside ours, same inputs, same
+run, wherever SGLang takes the shape (its quant where ``hidden % 2048 == 0``, as its ``fused_moe`` wrapper
+decides, else the sort and zero-fill alone), and compares both kernels' outputs bit for bit. The module
+is read from the wheel at run time (``sglang.srt.utils.is_gfx95_supported`` stubbed), never vendored.
+
+    python bench/bench_moe_sort_quant.py --aiter-src .aiter_src --sglang .sglang/moe_sorting_small.py \
+        --prefill --out docs/bench/moe_sort_quant_h200.md
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import multiprocessing
 import os
 import shlex
 import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import torch
@@ -41,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiter_patches.kernels import moe_sort_mx_quant as kernel  # noqa: E402
 from aiter_patches.kernels.moe_sort_mx_quant import moe_sort_mx_quant  # noqa: E402
+from aiter_patches.reference.mx_quant import mx_scale_swizzle_index  # noqa: E402
 from bench import harness  # noqa: E402
 
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -50,6 +60,10 @@ MODELS = [(256, 8, 7168), (896, 16, 3584), (128, 4, 6144), (128, 8, 4096)]
 BLOCK = 32
 SETS = 3
 FP4 = torch.float4_e2m1fn_x2
+FP8 = torch.float8_e4m3fn
+SGLANG_MEMBER = "sglang/kernels/ops/moe/moe_sorting_small.py"
+SGLANG_SHAPES = [(128, 4, 6144), (128, 8, 4096), (256, 8, 4096), (256, 8, 7168), (896, 16, 3584)]
+SGLANG_TOKENS = [1, 2, 4, 8, 16, 32]
 DEV = "cuda"  # tests run the whole table on CPU (interpreter) with graph_us replaced
 _ALL = kernel.ONE_LAUNCH_MAX_PAIRS
 FORCED = {  # module constants per measured method (the rest as configured)
@@ -68,12 +82,9 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "compare-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=8),
     "compare-16k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=16384),
     "old-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
-    # the buckets of one and two tokens (this round's candidate; the comparison without packed
-    # fields, summing each pair's padding in 16.16 fixed point, lost in every row: see
-    # docs/bench/moe_sort_quant_buckets_h200.md)
+    # the buckets of one and two tokens (docs/bench/moe_sort_quant_buckets_h200.md)
     "prev": dict(TOKEN_BUCKETS=(4, 8, 16, 32, 64, 256, 1024)),
-    # fewer warps (the decode cost is dependent latency: fewer warps, fewer cross-warp reductions),
-    # and the row work's split (more programs per row: each quantizes its share up front, under the sort)
+    # fewer warps, and the row work's split (more programs per row)
     "w1": dict(DECODE_NUM_WARPS=1),
     "w2": dict(DECODE_NUM_WARPS=2),
     "compare-1w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=1),
@@ -87,14 +98,25 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "no-defer": dict(DEFER_QUANT_MATH=False),
     "one-step-32": dict(QUANT_ONE_STEP_GROUPS=32),
     "loop-128": dict(QUANT_GROUPS=128),
-    # the transposed comparison (DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS): off, with 4 or 16 warps,
-    # and up to 128 padded pairs in one 16384-element tile
+    # the transposed comparison: off, with 4 or 16 warps, and up to 128 padded pairs in one 16384-element tile
     "no-compare-t": dict(DECODE_COMPARE_T_MIN_PAIRS=_ALL * 2),
     "compare-t-4w": dict(DECODE_COMPARE_T_WARPS=4),
     "compare-t-16w": dict(DECODE_COMPARE_T_WARPS=16),
     "compare-t-128": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=128, DECODE_COMPARE_TILE=16384),
     "compare-t-128-16w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=128, DECODE_COMPARE_TILE=16384,
                               DECODE_COMPARE_T_WARPS=16),
+    # issue 34: the row work in data programs of its own (split roles), and its shares
+    "no-roles": dict(ROLES_MAX_PAIRS=0, ROLES_PRESCANNED=False),
+    "roles-decode": dict(ROLES_MAX_PAIRS=64, ROLES_PRESCANNED=False),
+    "roles-one": dict(ROLES_MAX_PAIRS=_ALL, ROLES_PRESCANNED=False),
+    "route-div4": dict(ROUTE_SPLIT_DIV=4),
+    "route-div16": dict(ROUTE_SPLIT_DIV=16),
+    "data-16": dict(DATA_MAX_GROUPS=16),
+    "data-32": dict(DATA_MAX_GROUPS=32),
+    "data-128": dict(DATA_MAX_GROUPS=128),
+    "split256": dict(ROW_SPLIT_PROGRAMS=256),
+    "split64": dict(ROW_SPLIT_PROGRAMS=64),
+    "w8": dict(DECODE_NUM_WARPS=8),
 }
 CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k,prev"
 
@@ -135,8 +157,8 @@ def warm_call(fn, calls: int) -> float:
 class Row:
     """Every timing of one (model, tokens); kernels of the same method are timed once."""
 
-    def __init__(self, M, E, K, N, timer=graph_time_us):
-        self.M, self.E, self.K, self.N = M, E, K, N
+    def __init__(self, M, E, K, N, timer=graph_time_us, qd=FP4):
+        self.M, self.E, self.K, self.N, self.qd = M, E, K, N, qd
         self.sets = [make_inputs(M, K, E, N, s) for s in range(SETS)]
         self.calls = 40 if M <= 1024 else 6
         self.timer = timer
@@ -148,7 +170,7 @@ class Row:
         M, K, E, N = self.M, self.K, self.E, self.N
         g_pad = kernel._next_pow2(N // 32) if quant else 1
         batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
-        return kernel.decode_path(M, K, E), quant, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH
+        return kernel.decode_path(M, K, E), quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH
 
     def pairs_pad(self) -> int:
         """The decode methods' padded pair count for this row (0 on the other paths)."""
@@ -161,15 +183,14 @@ class Row:
             key = self.variant(quant)
             path = key[0]
             if key not in self._seen:
-                def call(i):
-                    ids, w, x = self.sets[i % SETS]
-                    if quant:
-                        moe_sort_mx_quant(ids, w, self.E, self.N, torch.bfloat16, BLOCK, quant_input=x,
-                                          quant_dtype=FP4)
-                    else:
-                        moe_sort_mx_quant(ids, w, self.E, self.N, torch.bfloat16, BLOCK)
-                self._seen[key] = self.timer(call, self.calls)
+                self._seen[key] = self.timer(functools.partial(self.ours, quant), self.calls)
             return path, self._seen[key]
+
+    def ours(self, quant: bool, i: int):
+        ids, w, x = self.sets[i % SETS]
+        if quant:
+            return moe_sort_mx_quant(ids, w, self.E, self.N, torch.bfloat16, BLOCK, quant_input=x, quant_dtype=self.qd)
+        return moe_sort_mx_quant(ids, w, self.E, self.N, torch.bfloat16, BLOCK)
 
     def aiter(self, ops) -> tuple[float, float]:
         from bench import aiter_triton
@@ -189,14 +210,19 @@ class Row:
         calls = max(self.calls // 2, 4)
         return self.timer(chain, calls), self.timer(quant, calls)
 
-    def byte_floor_us(self, bandwidth):
+    def quant_bytes(self, quant: bool = True) -> int:
+        """Bytes the quant part must move: activations in, codes and scale bytes out."""
+        MN = self.M * self.N
+        if not quant or self.qd is None:
+            return 0
+        return MN * 2 + (MN // 2 if self.qd == FP4 else MN) + self.M * self.K * self.N // 32
+
+    def byte_floor_us(self, bandwidth, quant: bool = True):
         pairs, MN = self.M * self.K, self.M * self.N
         moved = (pairs * 8  # ids + weights in
-                 + MN * 2  # activations in
                  + pairs * 8  # sorted ids + weights out (padding not counted)
                  + MN * 2  # moe_buf zeroed (bf16, model_dim = N)
-                 + MN // 2  # fp4 data out
-                 + pairs * self.N // 32)  # scale bytes out
+                 + self.quant_bytes(quant))
         return moved / bandwidth * 1e6
 
 
@@ -211,11 +237,14 @@ def row_cells(row: Row, methods, compare_max_pairs: int, ops, bandwidth: float) 
     for m in methods:
         skip = m.startswith("compare") and M * K > compare_max_pairs
         cells.append("–" if skip else _fmt(row.patched(FORCED[m], True)[1]))
-    cells += [_fmt(row.patched({}, False)[1]), _fmt(row.patched(FORCED["old"], False)[1])]
+    t_sz = row.patched({}, False)[1]
+    cells += [_fmt(t_sz), _fmt(row.patched(FORCED["old"], False)[1])]
     if ops is not None:
         t_chain, t_quant = row.aiter(ops)
         cells += [_fmt(t_chain), _fmt(t_quant), f"{t_chain / max(t_new, 1e-9):.1f}x"]
-    cells.append(_fmt(row.byte_floor_us(bandwidth)))
+    floor = row.byte_floor_us(bandwidth)
+    cells += [_fmt(floor), f"{t_new / max(floor, 1e-9):.1f}x"]
+    cells.append(f"{row.quant_bytes() / max(t_new - t_sz, 1e-3) / 1e3:.0f}" if t_new > t_sz else "–")
     with constants(FORCED["sort"]):
         cells.append(str(row.pairs_pad()))
     return cells
@@ -259,17 +288,125 @@ def verdict(lines: list[str], heads: list[str], methods: list[str]) -> list[str]
     return out
 
 
+# ------------------------------------------------------------------ SGLang 0.5.23's one-launch decode sort
+
+def load_sglang(path: str):
+    """SGLang's ``moe_sorting_small`` module from its wheel (or that one file taken out of it), under a
+    minimal ``sglang`` package in a temporary folder whose ``sglang.srt.utils.is_gfx95_supported`` is
+    a stub (the only other name the file imports): read at run time, never installed or vendored."""
+    path = Path(path)
+    if path.suffix == ".whl":
+        with zipfile.ZipFile(path) as z:
+            src = z.read(SGLANG_MEMBER).decode()
+    else:
+        src = path.read_text()
+    root = Path(tempfile.mkdtemp(prefix="sglang_small_"))
+    for pkg in ("sglang", "sglang/srt", "sglang/kernels", "sglang/kernels/ops", "sglang/kernels/ops/moe"):
+        (root / pkg).mkdir(parents=True, exist_ok=True)
+        (root / pkg / "__init__.py").write_text("")
+    (root / "sglang/srt/utils.py").write_text("def is_gfx95_supported():\n    return True\n")
+    (root / SGLANG_MEMBER).write_text(src)
+    sys.path.insert(0, str(root))
+    return importlib.import_module("sglang.kernels.ops.moe.moe_sorting_small")
+
+
+def sglang_qd(N: int):  # what SGLang's fused_moe wrapper hands its sort: MXFP8 where hidden % 2048 == 0
+    return FP8 if N % 2048 == 0 else None
+
+
+def sglang_takes(sg, row: Row) -> bool:
+    ids = row.sets[0][0]
+    return bool(sg._small_sort_supported(ids, BLOCK, None, None, row.E, emit_mx=row.qd is not None))
+
+
+def sglang_call(sg, row: Row, i: int):
+    """One call as SGLang's ``_moe_sorting_impl`` wrapper makes it: AITER-sized outputs, then ``_run_small_sort``."""
+    ids, w, x = row.sets[i % SETS]
+    M, K = ids.shape
+    n_sorted, n_blocks = kernel.sort_sizes(M, K, row.E, BLOCK)
+    sid = torch.empty(n_sorted, dtype=torch.int32, device=ids.device)
+    sw = torch.empty(n_sorted, dtype=torch.float32, device=ids.device)
+    seid = torch.empty(n_blocks, dtype=torch.int32, device=ids.device)
+    nv = torch.empty(2, dtype=torch.int32, device=ids.device)
+    buf = torch.empty(M, row.N, dtype=torch.bfloat16, device=ids.device)
+    q = sg._run_small_sort(ids, w, sid, sw, seid, nv, buf, BLOCK, x if row.qd is not None else None, row.E)
+    return kernel.SortQuantResult(sid, sw, seid, nv, buf, q)
+
+
+def same_bits(a, b, K: int, N: int) -> bool:
+    """Both results equal over the bytes AITER defines: ``num_valid_ids``, the sorted range and its
+    block experts, ``moe_buf``, the codes, and the scale bytes of every real pair's sorted row."""
+    if not torch.equal(a.num_valid_ids, b.num_valid_ids):
+        return False
+    nv = int(a.num_valid_ids[0])
+    same = (torch.equal(a.sorted_ids[:nv], b.sorted_ids[:nv])
+            and torch.equal(a.sorted_weights[:nv].view(torch.int32), b.sorted_weights[:nv].view(torch.int32))
+            and torch.equal(a.sorted_expert_ids[:nv // BLOCK], b.sorted_expert_ids[:nv // BLOCK])
+            and torch.equal(a.moe_buf.view(torch.int16), b.moe_buf.view(torch.int16)))
+    if a.quant is None or b.quant is None:
+        return same and a.quant is None and b.quant is None
+    rows = torch.arange(nv, device=a.sorted_ids.device)[(a.sorted_ids[:nv] >> 24) < K]
+    idx = mx_scale_swizzle_index(rows[:, None], torch.arange(N // 32, device=rows.device)[None, :],
+                                 a.quant[1].shape[1])
+    sa, sb = a.quant[1].view(torch.uint8).reshape(-1), b.quant[1].view(torch.uint8).reshape(-1)
+    return (same and torch.equal(a.quant[0].view(torch.uint8), b.quant[0].view(torch.uint8))
+            and torch.equal(sa[idx], sb[idx]))
+
+
+def sglang_cells(sg, row: Row, methods, bandwidth: float) -> list[str] | None:
+    """One row of the SGLang table, or None where SGLang does not take the shape."""
+    if not sglang_takes(sg, row):
+        return None
+    quant = row.qd is not None
+    path = row.patched({}, quant)[0]
+    ours, theirs = functools.partial(row.ours, quant), functools.partial(sglang_call, sg, row)
+    times = [row.timer(f, row.calls) for f in (ours, theirs, ours, theirs)]  # alternated: each timed twice
+    t_new, t_sg = (times[0] + times[2]) / 2, (times[1] + times[3]) / 2
+    spread = max(abs(times[0] - times[2]), abs(times[1] - times[3]))
+    same = all(same_bits(row.ours(quant, i), sglang_call(sg, row, i), row.K, row.N) for i in range(SETS))
+    cells = [str(row.E), str(row.K), str(row.N), "MXFP8" if quant else "sort only", str(row.M), path,
+             _fmt(t_new), _fmt(t_sg), f"{t_new / max(t_sg, 1e-9):.2f}", _fmt(spread)]
+    cells += [_fmt(row.patched(FORCED[m], quant)[1]) for m in methods]
+    return cells + ["same" if same else "DIFFER", _fmt(row.byte_floor_us(bandwidth, quant))]
+
+
 def _warm(job):
     """Worker: run every call of its rows once (no timing), filling Triton's cache for the timer."""
     global DEV
-    shapes, aiter_src, methods, compare_max_pairs, DEV = job
-    ops = None
-    if aiter_src:
-        from bench import aiter_triton
-
-        ops = aiter_triton.load(aiter_src)
+    shapes, sg_shapes, aiter_src, sglang, methods, sg_methods, compare_max_pairs, DEV = job
+    ops = aiter_triton_ops(aiter_src)
     for E, K, N, M in shapes:
         row_cells(Row(M, E, K, N, timer=warm_call), methods, compare_max_pairs, ops, 1e12)
+    sg = load_sglang(sglang) if sglang else None
+    for E, K, N, M in sg_shapes:
+        row = Row(M, E, K, N, timer=warm_call, qd=sglang_qd(N))
+        if sglang_takes(sg, row):
+            sglang_cells(sg, row, sg_methods, 1e12)
+
+
+def sglang_table(sg, sg_shapes, methods, bandwidth) -> list[str]:
+    heads = ["experts", "topk", "hidden", "quant", "tokens", "path", "ours us", "SGLang us", "ours / SGLang",
+             "spread us"]
+    heads += [f"{m} us" for m in methods] + ["bits", "byte floor us"]
+    out = ["", "## Beside SGLang 0.5.23's `_run_small_sort`", "",
+           "Same inputs, same run, wherever SGLang takes the shape (MXFP8 where hidden % 2048 == 0, else the sort "
+           "and moe_buf zero-fill alone). `ours` and `SGLang`: the mean of two timings each, alternated (ours, SGLang, "
+           "ours, SGLang); `spread`: the larger difference between a kernel's two timings. `bits`: both kernels' "
+           "outputs compared over every input set. Columns after `spread`: ours with those constants.", "",
+           "| " + " | ".join(heads) + " |", "|" + "---:|" * len(heads)]
+    print(out[-2], flush=True)
+    for E, K, N, M in sg_shapes:
+        cells = sglang_cells(sg, Row(M, E, K, N, qd=sglang_qd(N)), methods, bandwidth)
+        if cells is not None:
+            out.append("| " + " | ".join(cells) + " |")
+            print(out[-1], flush=True)
+    return out
+
+
+def aiter_triton_ops(aiter_src):
+    from bench import aiter_triton
+
+    return aiter_triton.load(aiter_src) if aiter_src else None
 
 
 def main():
@@ -288,17 +425,19 @@ def main():
     ap.add_argument("--models", default="all", help="indices into MODELS, e.g. 0,1")
     ap.add_argument("--warm-jobs", type=int, default=8,
                     help="processes that compile every variant before the timing (1: compile while timing)")
+    ap.add_argument("--sglang", help="SGLang 0.5.23's wheel or its moe_sorting_small.py: add the SGLang table")
+    ap.add_argument("--sglang-tokens", default=",".join(map(str, SGLANG_TOKENS)))
+    ap.add_argument("--sglang-methods", default="", help="forced constants to time for ours in the SGLang table")
     args = ap.parse_args()
     t_start = time.time()
 
-    ops = None
-    if args.aiter_src:
-        from bench import aiter_triton
-
-        ops = aiter_triton.load(args.aiter_src)
+    ops = aiter_triton_ops(args.aiter_src)
     methods = [m for m in (CANDIDATES if args.candidates else args.methods).split(",") if m]
+    sg_methods = [m for m in args.sglang_methods.split(",") if m]
     models = MODELS if args.models == "all" else [MODELS[int(i)] for i in args.models.split(",")]
-    tokens = [int(t) for t in args.tokens.split(",")] + (PREFILL if args.prefill else [])
+    tokens = [int(t) for t in args.tokens.split(",") if t] + (PREFILL if args.prefill else [])
+    sg_shapes = [(E, K, N, M) for E, K, N in SGLANG_SHAPES for M in map(int, args.sglang_tokens.split(","))
+                 ] if args.sglang else []
     floor_us = harness.launch_floor_us()
     bandwidth = harness.copy_bandwidth()
 
@@ -306,7 +445,7 @@ def main():
     heads += ["sort+zero new us", "sort+zero old us"]
     if ops is not None:
         heads += ["AITER chain us", "AITER quant us", "AITER chain / new"]
-    heads += ["byte floor us", "pairs pad"]
+    heads += ["byte floor us", "new / floor", "quant GB/s", "pairs pad"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---:|" * len(heads)]
     print(lines[0], flush=True)
     shapes = [(E, K, N, M) for E, K, N in models for M in tokens]
@@ -314,8 +453,8 @@ def main():
         t0 = time.time()
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(args.warm_jobs) as pool:
-            pool.map(_warm, [(shapes[i::args.warm_jobs], args.aiter_src, methods, args.compare_max_pairs, DEV)
-                             for i in range(args.warm_jobs)])
+            pool.map(_warm, [(shapes[i::args.warm_jobs], sg_shapes[i::args.warm_jobs], args.aiter_src, args.sglang,
+                              methods, sg_methods, args.compare_max_pairs, DEV) for i in range(args.warm_jobs)])
         print(f"compiled in {time.time() - t0:.0f} s by {args.warm_jobs} processes", flush=True)
     for E, K, N, M in shapes:
         row = Row(M, E, K, N)
@@ -323,6 +462,8 @@ def main():
         print(lines[-1], flush=True)
         del row
     notes = verdict(lines, heads, methods)
+    if args.sglang:
+        notes += sglang_table(load_sglang(args.sglang), sg_shapes, sg_methods, bandwidth)
     wall = time.time() - t_start
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     header = [
@@ -344,7 +485,8 @@ def main():
         "`compare`: that decode method forced; `sort+zero`: no quant. AITER chain: AITER's Triton "
         "aligner + id conversion + moe_buf zero + Triton MXFP4 sort-quant (timed, bytes not compared). "
         "`pairs pad`: the decode methods' padded pair count (`PAIRS_PAD`, from the token bucket's ceiling; "
-        "0: not a decode row). Candidates (module constants, the rest as configured): "
+        "0: not a decode row). `new / floor`: `new` over the byte floor; `quant GB/s`: see the script's docstring. "
+        "Candidates (module constants, the rest as configured): "
         + "; ".join(f"`{m}`: " + ", ".join(f"{k} = {v}" for k, v in FORCED[m].items()) for m in methods) + ".",
         "",
     ]

@@ -7,7 +7,7 @@ floor (an empty Triton kernel) measured in the same run.
 - Sort + quant (the shapes of bench_moe_sort_quant.py): the one-launch `moe_sort_mx_quant`
   (sort + `moe_buf` zero-fill + stage-1 MXFP4 quant) against AITER's `moe_sorting` followed by
   `fused_dynamic_mxfp4_quant_moe_sort`, called as `fused_moe` calls them.
-- Block-scale GEMM (the shapes of bench_blockscale_gemm.py): AITER's
+- Block-scale GEMM (the (N, K) shapes ``GEMM_SHAPES`` at ``GEMM_MS`` tokens): AITER's
   `gemm_a8w8_blockscale_bpreshuffle_asm` (memset + its `.co`) against the patched call with
   `out_zeroed=True` (the same `.co` through aiter_patches' launcher, no memset), at a split
   count above one where K allows; plus the memset alone, and the relative difference of the
@@ -26,11 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_blockscale_gemm import MS as GEMM_MS, SHAPES as GEMM_SHAPES  # noqa: E402
 from bench.bench_moe_sort_quant import BLOCK, DECODE, FP4, MODELS, PREFILL, SETS, make_inputs  # noqa: E402
 from bench.harness import gpu_name, graph_us, launch_floor_us  # noqa: E402
 
 GEMM_NAME = "gemm_out_zeroed"
+GEMM_MS = [1, 7, 16, 64, 512, 4096]
+GEMM_SHAPES = [(7168, 2048), (4608, 7168), (24576, 1536), (7168, 16384), (1536, 7168)]  # (N, K)
 
 
 def sort_rows(quick: bool) -> list[tuple[int, int, int, int]]:
@@ -120,7 +121,7 @@ def sort_table(rows, floor, with_aiter) -> list[str]:
 
 def gemm_split(M, N, K, sms, kernels) -> int:
     """The Triton stand-in's split choice, lowered until AITER's launcher accepts it (1 if none does)."""
-    from aiter_patches.kernels import blockscale_gemm_splitk as bg
+    from aiter_patches_standin import blockscale_gemm_splitk as bg  # its heuristic only: a split that fills the GPU
     from aiter_patches.kernels import hip_blockscale_asm as hb
 
     for split in range(bg.choose_splits_triton(M, N, K, sms), 1, -1):

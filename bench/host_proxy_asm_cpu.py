@@ -32,7 +32,8 @@ import aiter_patches  # noqa: E402
 from aiter_patches.kernels import hip_blockscale_asm as hb  # noqa: E402
 from aiter_patches.patches import gemm_out_zeroed as patch  # noqa: E402
 from aiter_patches.reference.blockscale_gemm import shuffle_weight_16x16  # noqa: E402
-from aiter_patches.testing import use_stub_aiter  # noqa: E402
+from aiter_patches_standin import gemm_backend as stand_in_gemm  # noqa: E402
+from aiter_patches_standin import use as use_stub_aiter  # noqa: E402
 from bench.bench_host_overhead import Clock, publish  # noqa: E402
 
 SHAPES = [(1, 7168, 2048), (64, 7168, 2048), (1, 1536, 7168), (64, 24576, 1536)]  # (M, N, K), decode GEMMs
@@ -69,7 +70,7 @@ def run(calls: int) -> str:
             sys.modules, {"aiter.jit.core": types.SimpleNamespace(AITER_ASM_DIR=f"{tree}/hsa/")}):
         import aiter.ops.gemm_op_a8w8 as gop
 
-        stub.IS_AITER_PATCHES_STAND_IN = False
+        patch.register_backend(stub, None)  # served as on AMD's AITER: its .co through HIP
         try:
             aiter_patches.apply(["gemm_out_zeroed"])
             for M, N, K in SHAPES:
@@ -95,7 +96,7 @@ def run(calls: int) -> str:
                 rows.append((M, N, K, kept, full))
         finally:
             aiter_patches.revert()
-            stub.IS_AITER_PATCHES_STAND_IN = True
+            patch.register_backend(stub, stand_in_gemm.BACKEND)
     lines = [f"Host µs per `gemm_a8w8_blockscale_bpreshuffle_asm(..., splitK={SPLIT}, out_zeroed=True)` on real "
              f"AITER's branch (median of {calls} calls; CPU proxy: faked HIP, AITER's real kernel list and code "
              f"objects; torch {torch.__version__}, Python {sys.version.split()[0]}).", "",

@@ -40,9 +40,9 @@ from bench import fake_triton, harness  # noqa: E402
 
 import aiter_patches  # noqa: E402
 from aiter_patches import call_key, runtime  # noqa: E402
-from aiter_patches.kernels import blockscale_gemm_splitk as gemm_kernel  # noqa: E402
+from aiter_patches_standin import blockscale_gemm_splitk as gemm_kernel  # noqa: E402
 from aiter_patches.kernels import moe_sort_mx_quant as sort_kernel  # noqa: E402
-from aiter_patches.testing import use_stub_aiter  # noqa: E402
+from aiter_patches_standin import use as use_stub_aiter  # noqa: E402
 
 
 def _parse(argv=None):

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_run.sh kernels    # tests/kernels and tests/stub at full size (about 6 min on an H200)
 #   bash scripts/gpu_run.sh patches    # tests/patches: graph capture, full-size patch tests; aiter-patches verify
 #   bash scripts/gpu_run.sh memcheck   # compute-sanitizer memcheck over every kernel on adversarial inputs
-#   bash scripts/gpu_run.sh bench      # the three benchmarks (tables under $OUT)
+#   bash scripts/gpu_run.sh bench      # the two benchmarks (tables under $OUT)
 #   JOBS=8 bash scripts/gpu_run.sh kernels patches   # test parts spread over 8 pytest-xdist workers (compile-bound)
 # Logs and tables go to $OUT (default ./gpu-out); the exit status is non-zero if any step failed.
 set -uo pipefail
@@ -24,7 +24,6 @@ for what in "${@:-kernels}"; do
              step verify python3 -m aiter_patches verify ;;
     memcheck) step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/memcheck_kernels.py ;;
     bench) python3 bench/bench_moe_sort_quant.py --out "$OUT/moe_sort_quant.md" | tail -n 3 || rc=1
-           python3 bench/bench_blockscale_gemm.py --out "$OUT/blockscale_gemm.md" | tail -n 3 || rc=1
            python3 bench/bench_addend_fold.py --out "$OUT/addend_fold.md" | tail -n 3 || rc=1 ;;
     *) echo "unknown part: $what (kernels | patches | memcheck | bench)"; exit 2 ;;
   esac

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiter_patches.kernels import blockscale_gemm_splitk as gemm  # noqa: E402
+from aiter_patches_standin import blockscale_gemm_splitk as gemm  # noqa: E402
 from aiter_patches.kernels.moe_sort_mx_quant import moe_sort_mx_quant  # noqa: E402
 from aiter_patches.reference.blockscale_gemm import shuffle_weight_16x16  # noqa: E402
 

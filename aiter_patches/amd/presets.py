@@ -17,7 +17,7 @@ token counts (sort only). Token counts to 32768, the largest AITER tunes for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 QUANTS = ("none", "fp4", "fp8")  # stage-1 activations: not quantized here, MXFP4, MXFP8
 EP_MODES = ("off", "on", "on+nlt")  # expert_mask, and num_local_tokens with it
@@ -35,7 +35,6 @@ class ModelShape:
     ep_modes: tuple[str, ...] = EP_MODES
     buf_modes: tuple[str, ...] = BUF_MODES
     block_sizes: tuple[int, ...] = ()  # () = AITER's choices (see ``blocks_for``)
-    gemm_nk: tuple[tuple[int, int], ...] = field(default=())  # stand-in GEMM shapes; () = (hidden, hidden)
 
     def blocks_for(self, quant: str) -> tuple[int, ...]:
         if self.block_sizes:
@@ -69,28 +68,49 @@ def preset(name: str) -> ModelShape:
     return PRESETS[key]
 
 
+SHAPE_BLOCKS = (16, 32, 64, 128)  # AITER's MoE block sizes: the only ones the sort kernel takes
+_SHAPE_KEYS = ("experts", "topk", "hidden", "tokens", "blocks", "quant", "ep", "buf", "shared", "name")
+
+
 def parse_shapes(text: str) -> ModelShape:
     """``experts=E,topk=K,hidden=H[,tokens=N][,blocks=32/64][,quant=fp4/fp8/none][,ep=off/on/on+nlt]
-    [,buf=zero/keep/addend][,shared=1][,gemm=N:K/N:K]`` (lists separated by ``/``)."""
+    [,buf=zero/keep/addend][,shared=1]`` (lists separated by ``/``).
+
+    Every field is checked against its rule (``ValueError`` names the field, its value and the
+    rule): experts >= 1; topk >= 1 and at most its experts; hidden, tokens >= 1, tokens below
+    2**24 (the sort's 24-bit token field); blocks in 16/32/64/128; shared >= 0; each key once."""
+    from ..aiter_contract import TOKEN_BITS
+
     fields: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
-        if not sep or not value:
+        if not sep or not value.strip():
             raise ValueError(f"--shapes: {part!r} is not key=value")
-        fields[key.strip().lower()] = value.strip()
-    known = {"experts", "topk", "hidden", "tokens", "blocks", "quant", "ep", "buf", "shared", "gemm", "name"}
-    unknown = set(fields) - known
+        key = key.strip().lower()
+        if key in fields:
+            raise ValueError(f"--shapes: {key} given twice")
+        fields[key] = value.strip()
+    unknown = set(fields) - set(_SHAPE_KEYS)
     if unknown:
-        raise ValueError(f"--shapes: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        raise ValueError(f"--shapes: unknown key(s) {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(sorted(_SHAPE_KEYS))}")
     missing = {"experts", "topk", "hidden"} - set(fields)
     if missing:
         raise ValueError(f"--shapes needs {', '.join(sorted(missing))}")
 
-    def ints(key: str) -> tuple[int, ...]:
+    def ints(key: str, rule: str, ok, one: bool = False) -> tuple[int, ...]:
+        """The integers of `key` (one when `one`), each `ok(v)`; else ValueError naming the field and `rule`."""
         try:
-            return tuple(int(v) for v in fields[key].split("/"))
+            vals = tuple(int(v) for v in fields[key].split("/"))
         except ValueError:
-            raise ValueError(f"--shapes: {key}={fields[key]!r} is not an integer list") from None
+            raise ValueError(f"--shapes: {key}={fields[key]!r} is not an integer{'' if one else ' list'} "
+                             f"({rule})") from None
+        if one and len(vals) != 1:
+            raise ValueError(f"--shapes: {key}={fields[key]} takes one value ({rule})")
+        bad = [v for v in vals if not ok(v)]
+        if bad:
+            raise ValueError(f"--shapes: {key}={'/'.join(map(str, bad))}: {rule}")
+        return vals
 
     def words(key: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
         vals = tuple(fields[key].split("/"))
@@ -99,29 +119,32 @@ def parse_shapes(text: str) -> ModelShape:
             raise ValueError(f"--shapes: {key}={'/'.join(bad)} not in {'/'.join(allowed)}")
         return vals
 
-    experts, topk, hidden = ints("experts"), ints("topk"), ints("hidden")
-    if len(experts) != len(topk) or len(hidden) != 1:
-        raise ValueError("--shapes: experts and topk take lists of equal length, hidden one value")
+    experts = ints("experts", "each experts must be an integer >= 1", lambda v: v >= 1)
+    topk = ints("topk", "each topk must be an integer >= 1", lambda v: v >= 1)
+    hidden = ints("hidden", "hidden must be an integer >= 1", lambda v: v >= 1, one=True)
+    if len(experts) != len(topk):
+        raise ValueError("--shapes: experts and topk take lists of equal length")
+    over = [f"{k} > {e}" for e, k in zip(experts, topk) if k > e]
+    if over:
+        raise ValueError(f"--shapes: topk {', '.join(over)} experts (each topk at most its experts)")
+    shared = 0
+    if "shared" in fields:
+        shared = ints("shared", "shared must be an integer >= 0", lambda v: v >= 0, one=True)[0]
     shape = ModelShape(fields.get("name", "custom"), routing=tuple(zip(experts, topk)), hidden=hidden[0],
-                       shared_experts=int(fields.get("shared", "0")))
+                       shared_experts=shared)
     if "tokens" in fields:
-        shape = replace(shape, max_tokens=ints("tokens")[0])
+        limit = (1 << TOKEN_BITS) - 1
+        tokens = ints("tokens", f"tokens must be an integer in 1..{limit}", lambda v: 1 <= v <= limit, one=True)
+        shape = replace(shape, max_tokens=tokens[0])
     if "blocks" in fields:
-        shape = replace(shape, block_sizes=ints("blocks"))
+        rule = f"each block must be one of {'/'.join(map(str, SHAPE_BLOCKS))}"
+        shape = replace(shape, block_sizes=ints("blocks", rule, lambda v: v in SHAPE_BLOCKS))
     if "quant" in fields:
         shape = replace(shape, quants=words("quant", QUANTS))
     if "ep" in fields:
         shape = replace(shape, ep_modes=words("ep", EP_MODES))
     if "buf" in fields:
         shape = replace(shape, buf_modes=words("buf", BUF_MODES))
-    if "gemm" in fields:
-        try:
-            nk = tuple(tuple(int(x) for x in p.split(":")) for p in fields["gemm"].split("/"))
-        except ValueError:
-            raise ValueError(f"--shapes: gemm={fields['gemm']!r} is not N:K/N:K") from None
-        if any(len(p) != 2 for p in nk):
-            raise ValueError(f"--shapes: gemm={fields['gemm']!r} is not N:K/N:K")
-        shape = replace(shape, gemm_nk=nk)
     return shape
 
 

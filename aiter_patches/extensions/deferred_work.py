@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..patches.sort_extension import SortCall, SortExtension
+from .api import SortCall, SortExtension
 
 
 class DeferredWork(SortExtension):

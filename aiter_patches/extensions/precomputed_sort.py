@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from ..patches.moe_call import tensor_key
-from ..patches.sort_extension import SortCall, SortExtension
+from .api import SortCall, SortExtension
 
 log = logging.getLogger("aiter_patches")
 

@@ -2,7 +2,8 @@
 
 The SGLang and vLLM folds take the same decision at the routed call: the addend must be
 exactly the tensor ``fused_moe`` would return (shape, dtype, device), on the stream the shared
-experts ran on, with ``moe_addend_fold``'s layer below to take it and no caller-owned output.
+experts ran on, with ``moe_addend_fold``'s layer below to take it (``site.below``: the folds
+need that patch, and the core says whose layer lies under theirs) and no caller-owned output.
 One function, so the two servers cannot drift apart on it; ``offer`` is the routed call's hook
 body that both folds run once their scope holds a shared output, ``fused_moe_wrapper`` the hook.
 """
@@ -59,7 +60,7 @@ def fused_moe_wrapper(inner, site, current_scope: Callable[[], Any], stream_of: 
     unoffered shared output (``current_scope()``: the fold's scope or None), or with ``moe_addend``
     already given; else :func:`offer`, and ``record(scope, out)`` where the addend was passed."""
     binder, counters = site.binder, site.counters
-    takes_addend = getattr(inner, "__aiter_patches__", None) == FOLD
+    takes_addend = site.below == FOLD
 
     def fused_moe(*args, **kwargs):
         if compile_state.tracing():

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..patches import moe_call
 from ..patches import pins as aiter_pins
-from ..declarations import APPLIED, Patch, SourcePin, Target
+from ..core.declarations import Patch, SourcePin, Target
 from ..signatures import Pin
 from . import addend_offer, compile_state, source_gate, streams
 
@@ -118,11 +118,6 @@ _stream = streams.current  # this module's seam: a test moves its calls to anoth
 def blocker(layer, g: dict, skip_shared_experts: bool, return_moe_output: bool, leave_output_sum: bool,
             hidden_states) -> str | None:
     """Why this forward_normal call may not fold (None: it may). ``g``: deepseek_v2's globals, as SGLang reads them."""
-    from .. import registry
-
-    state = registry.state(FOLD)
-    if state != APPLIED:
-        return f"{FOLD} is {state}"
     if layer.shared_experts is None or layer.num_fused_shared_experts != 0:
         return "no separate shared experts (fused into the routed experts, or none)"
     if skip_shared_experts:
@@ -256,13 +251,13 @@ def check(device):
     import torch
 
     from .. import registry
-    from ..checks import stand_in_moe_inputs as _stand_in_moe_inputs
-    from ..declarations import CheckResult
+    from ..checks import bf16_moe_inputs
+    from ..core.declarations import CheckResult
     from ..verify import suspended
 
     kind = "bound: 2-norm rel. error <= 1e-2 vs SGLang's forward_normal"
     ds = sys.modules[MODULE]
-    args = _stand_in_moe_inputs(device, M=6, E=8, topk=2, dim=256, inter=128, quant="bf16", seed=7)
+    args = bf16_moe_inputs(device, M=6, E=8, topk=2, dim=256, inter=128, seed=7)
     w = (torch.randn(256, 256, generator=torch.Generator().manual_seed(9)) / 16).to(torch.bfloat16).to(device)
 
     class _Experts:
@@ -330,5 +325,6 @@ PATCH = Patch(
     requires="sglang",
     precheck=_source_reason,
     opt_in="sglang",
+    needs=(FOLD,),
     check="aiter_patches.integrations.sglang_shared_fold:check",
 )

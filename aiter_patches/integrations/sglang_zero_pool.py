@@ -24,6 +24,11 @@ Two hooks, one scope per forward (a context variable):
   ``out_zeroed=True``. Every slice is handed out once per pool; a pool lives for one
   forward; nothing else writes it. Everything else runs as shipped, counted.
 
+The patch needs ``gemm_dispatch_out_zeroed`` (``Patch.needs``: without it the asm
+kernel keeps its memset, and a slice would save nothing), hands it the promise
+only where that patch's layer lies directly under its own (``site.below``), and
+learns per call whether the promise reached the asm kernel (``dispatch.forwarding``).
+
 Lifetime. A GEMM output is an activation: it may live past its layer, and past the
 forward (returned hidden states, PP proxy tensors, spec-decoding captures). A fresh
 pool per forward makes each slice behave as SGLang's own ``torch.empty`` output would:
@@ -43,7 +48,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..declarations import APPLIED, Patch, SourcePin, Target
+from ..core.declarations import Patch, SourcePin, Target
 from ..drift import live_source_reason
 from ..patches import gemm_dispatch_out_zeroed as dispatch
 from ..patches import moe_call
@@ -194,12 +199,9 @@ def _forward_wrapper(inner, site):
 def _dispatcher_wrapper(inner, site):
     import torch
 
-    from .. import registry
-
     binder = site.binder
     counters = site.counters
-    takes_promise = getattr(inner, "__aiter_patches__", None) == DISPATCH
-    dispatch_counters = registry.counters(DISPATCH)
+    takes_promise = site.below == DISPATCH
 
     def gemm_a8w8_blockscale_bpreshuffle(*args, **kwargs):
         if compile_state.tracing():
@@ -213,7 +215,7 @@ def _dispatcher_wrapper(inner, site):
         XQ, WQ = bound["XQ"], bound["WQ"]
         dtype = bound.get("dtype", torch.bfloat16)
         reason = None
-        if not takes_promise or registry.state(DISPATCH) != APPLIED:
+        if not takes_promise:
             reason = f"{DISPATCH} is not applied under this layer: the asm kernel would keep its memset"
         elif getattr(XQ, "dim", lambda: 0)() != 2 or getattr(WQ, "dim", lambda: 0)() < 2:
             reason = "XQ is not [M, K]"
@@ -242,9 +244,8 @@ def _dispatcher_wrapper(inner, site):
         scope.cursor = start + size  # never handed out again from this pool
         out = scope.pool[start:start + M * N].view(M, N)
         rest = {k: v for k, v in kwargs.items() if k != "out"}
-        skipped_before = dispatch_counters.snapshot()["fast"]
-        result = inner(*args[:5], out=out, out_zeroed=True, **rest)
-        if dispatch_counters.snapshot()["fast"] > skipped_before:
+        result, forwarded = dispatch.forwarding(inner, *args[:5], out=out, out_zeroed=True, **rest)
+        if forwarded:
             counters.hit()  # the dispatcher's layer passed the promise on: asm at split > 1 skipped its memset
         else:
             counters.fallback(NOT_TAKEN)
@@ -268,16 +269,17 @@ def _precheck(target: Target, original) -> str | None:
 def check(device):
     """``aiter-patches verify``: AITER's dispatcher inside a pool scope (as SGLang's forward opens it) vs. unpatched.
 
-    The scope is opened twice for the same stand-in model and token count (the first sizes the pool, the
-    second hands out a slice). On the stand-in, its tuned table is pointed at asm with two splits for the
-    check's shape: the slice must be taken and the result bitwise. On real AITER the installed tuned config
-    decides: bitwise where no slice was taken; where asm took one, AITER's splits add atomically, so
-    within 1e-2 relative (2-norm).
+    The scope is opened twice for the same placeholder model and token count (the first sizes the pool, the
+    second hands out a slice). Where the AITER under test provides a way, the check's shape is routed to
+    asm with two splits: the slice must then be taken where it requires its fast paths, and the result is
+    bitwise where its splits add in a fixed order. Otherwise the installed tuned config decides: bitwise
+    where no slice was taken; where asm took one, AITER's splits add atomically, so within 1e-2 relative
+    (2-norm) (``checks.split_k_verdict``).
     """
     import torch
 
     from .. import registry
-    from ..checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_verdict, stand_in_split_k
+    from ..checks import SPLIT_K_SHAPE, split_k_gemm_inputs, split_k_routed, split_k_verdict
     from ..verify import suspended
 
     mod = sys.modules[dispatch.MODULE]
@@ -287,7 +289,7 @@ def check(device):
         pass
 
     model = _Model()
-    with stand_in_split_k(mod) as stand_in:
+    with split_k_routed(mod):
         _split_cache.pop(SPLIT_K_SHAPE, None)
         try:
             for _ in range(2):
@@ -300,7 +302,7 @@ def check(device):
         finally:
             _split_cache.pop(SPLIT_K_SHAPE, None)
     return split_k_verdict(
-        out_p, out_o, stand_in=stand_in, taken=pooled,
+        out_p, out_o, taken=pooled,
         missing=f"no pool slice was taken ({registry.stats()[NAME]['fallback']})",
         taken_detail="a pool slice with out_zeroed=True equals the dispatcher's own output",
         untaken_detail="AITER's tuned config runs no split-K asm here: no slice taken, AITER's result",
@@ -324,5 +326,6 @@ PATCH = Patch(
     requires="sglang",
     precheck=_precheck,
     opt_in="sglang",
+    needs=(DISPATCH,),
     check="aiter_patches.integrations.sglang_zero_pool:check",
 )

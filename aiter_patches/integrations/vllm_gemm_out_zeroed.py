@@ -30,7 +30,7 @@ source hash are the pinned ones; with the linear's and the fake's hashes, ``aite
 
 from __future__ import annotations
 
-from ..declarations import Patch, SourcePin, Target
+from ..core.declarations import Patch, SourcePin, Target
 from ..patches import moe_call
 from ..patches.gemm_dispatch_out_zeroed import DISPATCHER, DISPATCHER_PINS, MODULE
 from ..signatures import Pin

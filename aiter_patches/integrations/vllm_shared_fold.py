@@ -51,7 +51,7 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any
 
-from ..declarations import APPLIED, Patch, SourcePin, Target
+from ..core.declarations import Patch, SourcePin, Target
 from ..patches import moe_call
 from ..patches import pins as aiter_pins
 from ..signatures import Pin
@@ -124,11 +124,6 @@ _stream = streams.current  # this module's seam: a test moves its calls to anoth
 
 def blocker(runner, runner_cls, shared_experts_input) -> str | None:
     """Why this eager ``forward`` call may not fold (None: it may); reads attributes and Python values only."""
-    from .. import registry
-
-    state = registry.state(FOLD)
-    if state != APPLIED:
-        return f"{FOLD} is {state}"
     if type(runner) is not runner_cls:
         return f"{type(runner).__name__}: a subclass of MoERunner (its steps may differ)"
     if runner._shared_experts is None:
@@ -295,4 +290,5 @@ PATCH = Patch(
     requires="vllm",
     precheck=_source_reason,
     opt_in="vllm",
+    needs=(FOLD,),
 )

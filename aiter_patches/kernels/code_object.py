@@ -12,11 +12,16 @@ sentence what differs, so the caller can refuse the launch with that reason.
 
 The ELF part is a few `struct` reads (header, program headers, PT_NOTE records), each
 bounds-checked so that a truncated or foreign file gives a reason, never an exception of
-another kind. The msgpack part uses the `msgpack` package.
+another kind. The msgpack part uses the `msgpack` package; every field this module reads is
+type-checked before use (`_Fields`), so malformed metadata (an `.args` that is a number, a
+`.name` that is a list) is refused with `CodeObjectError` naming the kernel and the field,
+never a `TypeError` from deeper down: the GEMM gate remembers a refusal, not a crash.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
@@ -40,8 +45,14 @@ _PHDR = struct.Struct("<IIQQQQQQ")
 _NHDR = struct.Struct("<III")
 
 
+MAX_FILE_BYTES = 64 << 20  # AITER's GEMM code objects are ~17 KB; a larger "code object" is refused unread
+
+
 class CodeObjectError(ValueError):
-    """The file is not a code object this module can read; the message says why."""
+    """The file is not a code object this module can read; the message says why (for malformed metadata:
+    which kernel and which field). `path` is the file: the message does not repeat it, its callers name it."""
+
+    path: str | None = None
 
 
 class KernelArg(NamedTuple):
@@ -95,17 +106,43 @@ class LaunchLayout:
 
 
 def read_code_object(path: str) -> CodeObject:
-    """Parse the file at `path`; `CodeObjectError` says what is wrong with it."""
+    """Parse the file at `path`; `CodeObjectError` (with `.path`) says what is wrong with it.
+
+    Only a regular file is opened (a FIFO would block the caller, a device never end), and one
+    of at most `MAX_FILE_BYTES`."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise CodeObjectError(f"cannot be read ({exc.strerror or exc})") from None
+        data = _read(path)
+    except CodeObjectError as exc:
+        exc.path = path
+        raise
     return parse_code_object(data, path)
 
 
+def _read(path: str) -> bytes:
+    try:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_FILE_BYTES:
+            with open(path, "rb") as f:
+                return f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise CodeObjectError(f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # a path with a NUL byte
+        raise CodeObjectError(f"cannot be read ({exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CodeObjectError("not a regular file")
+    raise CodeObjectError(f"{st.st_size} bytes, more than a code object's {MAX_FILE_BYTES}")
+
+
 def parse_code_object(data: bytes, path: str = "<bytes>") -> CodeObject:
-    """Parse a code object's bytes (`path` only labels the result); reasons do not repeat the path."""
+    """Parse a code object's bytes (`path` labels the result and the error); reasons do not repeat the path."""
+    try:
+        return _parse(data, path)
+    except CodeObjectError as exc:
+        exc.path = path
+        raise
+
+
+def _parse(data: bytes, path: str) -> CodeObject:
     if len(data) < 4 or data[:4] != ELF_MAGIC:
         raise CodeObjectError(f"not an ELF file (starts with {data[:4]!r})")
     if len(data) < _EHDR.size:
@@ -117,7 +154,7 @@ def parse_code_object(data: bytes, path: str = "<bytes>") -> CodeObject:
     if machine != EM_AMDGPU or ident[7] != ELFOSABI_AMDGPU_HSA:
         raise CodeObjectError(f"not an AMDGPU HSA code object (e_machine {machine}, OS/ABI {ident[7]})")
     desc = _metadata_note(data, phoff, phentsize, phnum)
-    return CodeObject(path=path, mach=flags & EF_AMDGPU_MACH, kernels=_kernels(_unpack(desc)))
+    return CodeObject(path=path, mach=flags & EF_AMDGPU_MACH, kernels=_kernels(_unpack(bytes(desc))))
 
 
 def _metadata_note(data: bytes, phoff: int, phentsize: int, phnum: int) -> bytes:
@@ -127,6 +164,7 @@ def _metadata_note(data: bytes, phoff: int, phentsize: int, phnum: int) -> bytes
     if end > len(data):
         raise CodeObjectError(f"truncated: its program headers end at byte {end}, "
                               f"the file has {len(data)}")
+    view, seen, scanned = memoryview(data), set(), 0
     for i in range(phnum):
         p_type, _flags, offset, _vaddr, _paddr, filesz, _memsz, align = _PHDR.unpack_from(data, phoff + i * _PHDR.size)
         if p_type != PT_NOTE:
@@ -134,13 +172,19 @@ def _metadata_note(data: bytes, phoff: int, phentsize: int, phnum: int) -> bytes
         if offset + filesz > len(data):
             raise CodeObjectError(f"truncated: its note segment ends at byte {offset + filesz}, "
                                   f"the file has {len(data)}")
-        for owner, n_type, desc in _notes(data[offset:offset + filesz], 8 if align == 8 else 4):
+        if (offset, filesz, align) in seen:
+            continue
+        seen.add((offset, filesz, align))
+        scanned += filesz
+        if scanned > len(data):  # each byte read at most once, however many headers point at it
+            raise CodeObjectError(f"its note segments overlap (program header {i})")
+        for owner, n_type, desc in _notes(view[offset:offset + filesz], 8 if align == 8 else 4):
             if owner == NOTE_OWNER and n_type == NT_AMDGPU_METADATA:
                 return desc
     raise CodeObjectError("no NT_AMDGPU_METADATA note (code object v2, or not a kernel file)")
 
 
-def _notes(seg: bytes, align: int) -> Iterator[tuple[bytes, int, bytes]]:
+def _notes(seg: memoryview, align: int) -> Iterator[tuple[bytes, int, memoryview]]:
     pos = 0
     while pos + _NHDR.size <= len(seg):
         namesz, descsz, n_type = _NHDR.unpack_from(seg, pos)
@@ -148,7 +192,7 @@ def _notes(seg: bytes, align: int) -> Iterator[tuple[bytes, int, bytes]]:
         desc_at = name_at + _aligned(namesz, align)
         if desc_at + descsz > len(seg):
             raise CodeObjectError(f"truncated: a note of {descsz} bytes runs past the end of its segment")
-        yield seg[name_at:name_at + namesz].rstrip(b"\0"), n_type, seg[desc_at:desc_at + descsz]
+        yield bytes(seg[name_at:name_at + namesz]).rstrip(b"\0"), n_type, seg[desc_at:desc_at + descsz]
         pos = desc_at + _aligned(descsz, align)
 
 
@@ -173,28 +217,70 @@ def _unpack(desc: bytes) -> dict:
 
 def _kernels(meta: dict) -> tuple[KernelMetadata, ...]:
     out = []
-    for k in meta["amdhsa.kernels"]:
+    for i, k in enumerate(meta["amdhsa.kernels"]):
         if not isinstance(k, dict):
-            raise CodeObjectError("an amdhsa.kernels entry is not a map")
+            raise CodeObjectError(f"amdhsa.kernels[{i}] is {_kind(k)}, expected a map")
+        f = _Fields(k, f"amdhsa.kernels[{i}]")
+        name = f.get(".name", str, "a string")
+        if name is not None:
+            f.where = f"kernel {_short(name)}: "
         args = []
-        for a in k.get(".args") or ():
+        for j, a in enumerate(f.get(".args", list, "a list") or ()):
             if not isinstance(a, dict):
-                raise CodeObjectError(f"kernel {k.get('.name')}: an .args entry is not a map")
-            args.append(KernelArg(a.get(".name", ""), _int(a.get(".offset")), _int(a.get(".size")),
-                                  a.get(".value_kind", "")))
-        reqd = k.get(".reqd_workgroup_size")
+                raise CodeObjectError(f"{f.where}.args[{j}] is {_kind(a)}, expected a map")
+            g = _Fields(a, f"{f.where}.args[{j}]")
+            args.append(KernelArg(g.get(".name", str, "a string") or "", g.count(".offset"), g.count(".size"),
+                                  g.get(".value_kind", str, "a string") or ""))
+        reqd = f.get(".reqd_workgroup_size", list, "a list")
+        if reqd is not None and (len(reqd) != 3 or not all(_is_count(x) for x in reqd)):
+            raise CodeObjectError(f"{f.where}.reqd_workgroup_size is {_short(reqd)}, expected 3 integers >= 0")
         out.append(KernelMetadata(
-            name=str(k.get(".name", "")), symbol=k.get(".symbol"), args=tuple(args),
-            kernarg_segment_size=_int(k.get(".kernarg_segment_size")),
-            wavefront_size=_int(k.get(".wavefront_size")),
-            max_flat_workgroup_size=_int(k.get(".max_flat_workgroup_size")),
-            reqd_workgroup_size=tuple(reqd) if isinstance(reqd, list) else None,
+            name=name or "", symbol=f.get(".symbol", str, "a string"), args=tuple(args),
+            kernarg_segment_size=f.count(".kernarg_segment_size"), wavefront_size=f.count(".wavefront_size"),
+            max_flat_workgroup_size=f.count(".max_flat_workgroup_size"),
+            reqd_workgroup_size=tuple(reqd) if reqd is not None else None,
         ))
     return tuple(out)
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+class _Fields:
+    """The fields of one metadata map, each checked for its type before it is used.
+
+    A field that is absent (or nil) reads as None, which the comparison reports as missing; a
+    field of the wrong type (a bool is not an integer) raises `CodeObjectError` naming it:
+    `where` + the key, e.g. "kernel 'k': .args[3]" + ".name"."""
+
+    def __init__(self, m: dict, where: str):
+        self.m, self.where = m, where
+
+    def get(self, key: str, typ: type, expected: str) -> Any:
+        v = self.m.get(key)
+        if v is None or (isinstance(v, typ) and not isinstance(v, bool)):
+            return v
+        raise CodeObjectError(f"{self.where}{key} is {_kind(v)}, expected {expected}")
+
+    def count(self, key: str) -> int | None:
+        """An integer field that counts bytes or lanes: absent, or an integer >= 0."""
+        v = self.get(key, int, "an integer >= 0")
+        if v is not None and v < 0:
+            raise CodeObjectError(f"{self.where}{key} is {v}, expected an integer >= 0")
+        return v
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _kind(v: Any) -> str:
+    """`v`'s msgpack type and a short view of it, for a reason."""
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", bytes: "binary data",
+             list: "a list", dict: "a map"}
+    return f"{names.get(type(v), type(v).__name__)} ({_short(v)})"
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def layout_mismatch(co: CodeObject, kernel_name: str, gfx: str, expect: LaunchLayout) -> str | None:
@@ -209,7 +295,9 @@ def layout_mismatch(co: CodeObject, kernel_name: str, gfx: str, expect: LaunchLa
         return f"the code object is for {co.gfx}, the GPU is {gfx}"
     k = co.kernel(kernel_name)
     if k is None:
-        return f"kernel {kernel_name} is not in the code object (it has {', '.join(x.name for x in co.kernels)})"
+        names = [_short(x.name) if len(x.name) > 60 else x.name for x in co.kernels[:4]]
+        more = f" and {len(co.kernels) - 4} more" if len(co.kernels) > 4 else ""
+        return f"kernel {kernel_name} is not in the code object (it has {', '.join(names)}{more})"
     wanted = {a.name: a for a in expect.args}
     seen = set()
     for a in k.args:

@@ -43,7 +43,7 @@ from typing import Mapping, NamedTuple
 import torch
 
 from .. import aiter_contract as contract
-from ..aiter_contract import aligned_split  # AITER's split rule; also read by the stand-in's launcher
+from ..aiter_contract import aligned_split  # AITER's split rule
 from . import code_object
 
 log = logging.getLogger(__name__)

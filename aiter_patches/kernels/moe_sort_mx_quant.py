@@ -61,8 +61,13 @@ data row; with ``T < M`` the padding rows get scale 0 and data row ``T`` is zero
 AITER's split path (every real pair gets its token's scales); "auto" picks like AITER does
 (fused when ``M * topk <= 2048``).
 
-The row work (``moe_buf`` fill and the quant of a program's share of a row, ``G_TILE`` groups) comes
-first so that its loads overlap the routing math; a share of up to ``QUANT_ONE_STEP_GROUPS`` groups is
+Split roles (up to ``ROLES_MAX_PAIRS`` pairs): the grid's columns from ``ROUTE_PROGRAMS`` on are data
+programs, each one slice of a token's row (``G_DTILE`` groups: codes, and ``moe_buf``'s columns), which
+read no routing, so their stores wait for no routing math; the routing programs before them write the
+sort outputs and the scale bytes at the sorted rows (their own ``G_TILE`` share of the group maxima).
+Without split roles, a program does both for its share. In a routing program the row work (``moe_buf``
+fill and the quant of a program's share of a row, ``G_TILE`` groups) comes first so that its loads
+overlap the routing math; a share of up to ``QUANT_ONE_STEP_GROUPS`` groups is
 loaded before the routing and quantized after it (``DEFER_QUANT_MATH``), a wider one ``QUANT_GROUPS`` at
 a time after it.
 
@@ -128,6 +133,21 @@ MIN_ROW_SPLIT = 1  # programs per row at any batch size (bench/sweep_moe_sort_qu
 # (docs/bench/moe_sort_quant_defer_h200.md; one step of 256 groups: not measured)
 DEFER_QUANT_MATH = True
 QUANT_ONE_STEP_GROUPS = 128
+# Split roles (issue 34): the row work (data codes, compact scales, moe_buf) goes to data programs of its
+# own (grid columns from ROUTE_PROGRAMS on), so that no routing math stands before their stores, and the
+# routing programs keep the sort outputs and the scale bytes at sorted rows (for which they read x for
+# the group maxima). Up to ROLES_MAX_PAIRS pairs (a bucket's ceiling) in the one-launch path, and in the
+# prescanned path when ROLES_PRESCANNED. A data program takes at most DATA_MAX_GROUPS groups of a row;
+# there are ROW_SPLIT / ROUTE_SPLIT_DIV routing programs per row. H200, same run (`no-roles` columns of
+# docs/bench/moe_sort_quant_roles_h200.md): 0.1-0.5 µs off every row at 1-64 tokens (MXFP8 (128, 4,
+# 6144) 1 token 2.33 -> 1.99, (256, 8, 7168) MXFP4 64 tokens 7.41 -> 6.77); mixed at 2048-pair buckets
+# ((896, 16) 128 tokens 17.41 -> 21.19, (128, 8) 128 tokens 7.82 -> 6.98); slower in prefill ((256, 8, 7168)
+# 8192 tokens 160.98 -> 181.13; with 128-group data shares 169.89); ROUTE_SPLIT_DIV 4 or 16 and
+# DATA_MAX_GROUPS 16 or 32 no better at 1-32 tokens. Launch counts unchanged (one grid, more columns).
+ROLES_MAX_PAIRS = 1024
+ROLES_PRESCANNED = False
+ROUTE_SPLIT_DIV = 1
+DATA_MAX_GROUPS = 64
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
 SCALE_TILE_BYTES = 1024  # bytes of the swizzled scale layout a program writes per step
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
@@ -277,14 +297,15 @@ def _store_data_row(q_row_ptr, code, G, FP4: tl.constexpr, G_PAD: tl.constexpr):
 @triton.jit
 def _store_quant_tile(q_row, s_ptr, cs_row, s, code, g_first, G, pos, keep_q, zero_w, all_zero,
                       FUSED: tl.constexpr, FP4: tl.constexpr, SNP: tl.constexpr, K_PAD: tl.constexpr,
-                      GQ: tl.constexpr, COMPACT_SCALES: tl.constexpr):
-    """Data bytes of groups ``[g_first, g_first + GQ)`` of one row, and their scale bytes: at each
-    of the token's sorted rows ``pos``, or once in the token's compact row (split semantics,
-    moved to the sorted rows by ``_scale_tiles_kernel``)."""
+                      GQ: tl.constexpr, COMPACT_SCALES: tl.constexpr, STORE_DATA: tl.constexpr):
+    """Data bytes of groups ``[g_first, g_first + GQ)`` of one row (``STORE_DATA``; else the data
+    programs write them), and their scale bytes: at each of the token's sorted rows ``pos``, or once
+    in the token's compact row (split semantics, moved to the sorted rows by ``_scale_tiles_kernel``)."""
     g = g_first + tl.arange(0, GQ)
-    if FUSED:
-        code = tl.where(all_zero, 0, code)
-    _store_data_row(q_row + g_first * (16 if FP4 else 32), code, G - g_first, FP4, GQ)
+    if STORE_DATA:
+        if FUSED:
+            code = tl.where(all_zero, 0, code)
+        _store_data_row(q_row + g_first * (16 if FP4 else 32), code, G - g_first, FP4, GQ)
     if COMPACT_SCALES:
         tl.store(cs_row + g, s.to(tl.uint8), mask=g < G)
     else:
@@ -294,6 +315,77 @@ def _store_quant_tile(q_row, s_ptr, cs_row, s, code, g_first, G, pos, keep_q, ze
             sbytes = tl.broadcast_to(s[None, :], [K_PAD, GQ]).to(tl.uint8)
         tl.store(s_ptr + _swizzle(pos[:, None], g[None, :], SNP), sbytes,
                  mask=keep_q[:, None] & (g[None, :] < G))
+
+
+@triton.jit
+def _fill_moe_buf(buf_ptr, init_ptr, init_stride, row, cs, D, D_SPLIT, BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr):
+    """Columns ``[cs * D_SPLIT, (cs + 1) * D_SPLIT)`` of ``moe_buf`` row ``row``: zeros (``BUF_MODE`` 1)
+    or the init row's (2)."""
+    d_lo = cs * D_SPLIT
+    d_hi = tl.minimum(d_lo + D_SPLIT, D)
+    for d0 in range(d_lo, d_hi, D_BLOCK):
+        d = d0 + tl.arange(0, D_BLOCK)
+        if BUF_MODE == 1:
+            val = tl.zeros([D_BLOCK], buf_ptr.dtype.element_ty)
+        else:
+            val = tl.load(init_ptr + row * init_stride + d, mask=d < d_hi)
+        tl.store(buf_ptr + row * D + d, val, mask=d < d_hi)
+
+
+@triton.jit
+def _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_row, buf_ptr, init_ptr, init_stride, row, t, cd, T, M,
+                  E, D, G, D_SPLIT,
+                  K: tl.constexpr, K_PAD: tl.constexpr, E_BINS: tl.constexpr, HAS_MASK: tl.constexpr,
+                  QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr,
+                  NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+                  INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, FUSED: tl.constexpr,
+                  BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, G_DTILE: tl.constexpr, QG_D: tl.constexpr,
+                  COMPACT_SCALES: tl.constexpr):
+    """A data program (``ROUTE_PROGRAMS`` > 0): slice ``cd`` of row ``t``'s data codes (groups
+    ``[cd * G_DTILE, ...)``), of its compact scale row (split semantics) and of its ``moe_buf`` row. It
+    reads no routing but its own token's ids and weights (fused semantics: a token whose kept pairs
+    all weigh 0 gets a zero data row), so no routing math stands before its stores."""
+    gd = cd * G_DTILE
+    if QUANT:
+        if QG_D == G_DTILE:
+            x_tile = _load_groups(x_row + gd * 32, tl.where(t < M, G - gd, 0), G_DTILE)
+    if BUF_MODE != 0:
+        if t < T:
+            _fill_moe_buf(buf_ptr, init_ptr, init_stride, row, cd, D, D_SPLIT, BUF_MODE, D_BLOCK)
+    if QUANT:
+        if FUSED:
+            slot = tl.arange(0, K_PAD)
+            q = t * K + slot
+            _, keep_q = _expert_bins(ids_ptr, mask_ptr, q, tl.where(t < T, t * K + K, 0), E, E_BINS, HAS_MASK)
+            keep_q = keep_q & (slot < K)
+            wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
+            n_keep = tl.sum(keep_q.to(tl.int32), 0)
+            all_zero = (n_keep > 0) & (tl.sum((keep_q & (wq == 0.0)).to(tl.int32), 0) == n_keep)
+        if t < T:
+            if QG_D == G_DTILE:
+                s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
+                                           FLOOR_BITS, G_DTILE)
+                if FUSED:
+                    code = tl.where(all_zero, 0, code)
+                _store_data_row(q_row + gd * (16 if FP4 else 32), code, G - gd, FP4, G_DTILE)
+                if COMPACT_SCALES:
+                    g = gd + tl.arange(0, G_DTILE)
+                    tl.store(cs_row + g, s.to(tl.uint8), mask=g < G)
+            else:
+                for gq in range(gd, tl.minimum(gd + G_DTILE, G), QG_D):
+                    s, code = _mx_quant_row(x_row + gq * 32, G - gq, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
+                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG_D)
+                    if FUSED:
+                        code = tl.where(all_zero, 0, code)
+                    _store_data_row(q_row + gq * (16 if FP4 else 32), code, G - gq, FP4, QG_D)
+                    if COMPACT_SCALES:
+                        g = gq + tl.arange(0, QG_D)
+                        tl.store(cs_row + g, s.to(tl.uint8), mask=g < G)
+        if FUSED:
+            if (t == T) & (T < M):
+                for gq in range(gd, tl.minimum(gd + G_DTILE, G), QG_D):
+                    _store_data_row(q_row + gq * (16 if FP4 else 32), tl.zeros([QG_D, 32], tl.int32), G - gq,
+                                    FP4, QG_D)
 
 
 @triton.jit
@@ -425,6 +517,7 @@ def _sort_quant_kernel(
     COMPACT_SCALES: tl.constexpr,
     DECODE: tl.constexpr, PAIRS_PAD: tl.constexpr, PAIRS_BITS: tl.constexpr, CMP_CHUNK: tl.constexpr,
     SORT_SELECT: tl.constexpr, COUNT_GATHER: tl.constexpr, DEFER_QUANT: tl.constexpr, COMPARE_T: tl.constexpr,
+    ROUTE_PROGRAMS: tl.constexpr, G_DTILE: tl.constexpr, QG_D: tl.constexpr,
 ):
     t = tl.program_id(0)
     cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
@@ -434,29 +527,34 @@ def _sort_quant_kernel(
     my_first = t * K
     bins = tl.arange(0, E_BINS)
     row = t.to(tl.int64)
+    q_row = q_ptr + row * (G * (16 if FP4 else 32))
+    x_row = x_ptr + row * x_stride
+
+    # split roles (ROUTE_PROGRAMS > 0): slices from ROUTE_PROGRAMS on are data programs (codes, compact
+    # scales, moe_buf); the routing programs below write the sort outputs and the sorted-row scales only
+    if ROUTE_PROGRAMS > 0:
+        if cs >= ROUTE_PROGRAMS:
+            _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_ptr + row * G, buf_ptr, init_ptr, init_stride,
+                          row, t, cs - ROUTE_PROGRAMS, T, M, E, D, G, D_SPLIT, K, K_PAD, E_BINS, HAS_MASK,
+                          QUANT, FP4, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS,
+                          FUSED, BUF_MODE, D_BLOCK, G_DTILE, QG_D, COMPACT_SCALES)
+            return
+    ROUTE_QUANT: tl.constexpr = QUANT and not (ROUTE_PROGRAMS > 0 and COMPACT_SCALES)  # this program reads x
+    ROUTE_DATA: tl.constexpr = ROUTE_PROGRAMS == 0  # ... and writes codes, compact scales, moe_buf
 
     # row work first: its loads overlap the routing math below (the math waits for it with
     # DEFER_QUANT; a share wider than one step is quantized after it, QG groups at a time, so that
     # a program's registers stay few and many programs fit an SM)
-    q_row = q_ptr + row * (G * (16 if FP4 else 32))
-    x_row = x_ptr + row * x_stride
-    if QUANT:
+    if ROUTE_QUANT:
         if QG == G_TILE:
             x_tile = _load_groups(x_row + g0 * 32, tl.where(t < M, G - g0, 0), G_TILE)
             if not DEFER_QUANT:
                 s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
                                            FLOOR_BITS, G_TILE)
     if BUF_MODE != 0:
-        if t < T:
-            d_lo = cs * D_SPLIT
-            d_hi = tl.minimum(d_lo + D_SPLIT, D)
-            for d0 in range(d_lo, d_hi, D_BLOCK):
-                d = d0 + tl.arange(0, D_BLOCK)
-                if BUF_MODE == 1:
-                    val = tl.zeros([D_BLOCK], buf_ptr.dtype.element_ty)
-                else:
-                    val = tl.load(init_ptr + row * init_stride + d, mask=d < d_hi)
-                tl.store(buf_ptr + row * D + d, val, mask=d < d_hi)
+        if ROUTE_DATA:
+            if t < T:
+                _fill_moe_buf(buf_ptr, init_ptr, init_stride, row, cs, D, D_SPLIT, BUF_MODE, D_BLOCK)
 
     # this token's pairs
     slot = tl.arange(0, K_PAD)
@@ -529,7 +627,7 @@ def _sort_quant_kernel(
         rank = before + tl.sum(earlier.to(tl.int32), axis=1)
         pos = base + rank
         fill = tl.where(rank == cnt_q - 1, (cnt_q + BLOCK - 1) // BLOCK * BLOCK - cnt_q, 0)
-    if QUANT:
+    if ROUTE_QUANT:
         if QG == G_TILE:
             if DEFER_QUANT:  # the row's load was issued first; its math waits until the routing is done
                 s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
@@ -557,20 +655,21 @@ def _sort_quant_kernel(
                         tl.store(s_ptr + _swizzle(pad_pos, g, SNP), tl.zeros([K_PAD, PAD_STEP], tl.uint8),
                                  mask=pad_live)
 
-    if QUANT:
+    if ROUTE_QUANT:
         if t < T:
             zero_w = keep_q & (wq == 0.0)
             n_keep = tl.sum(keep_q.to(tl.int32), 0)
             all_zero = (n_keep > 0) & (tl.sum(zero_w.to(tl.int32), 0) == n_keep)
             if QG == G_TILE:
                 _store_quant_tile(q_row, s_ptr, cs_ptr + row * G, s, code, g0, G, pos, keep_q, zero_w,
-                                  all_zero, FUSED, FP4, SNP, K_PAD, G_TILE, COMPACT_SCALES)
+                                  all_zero, FUSED, FP4, SNP, K_PAD, G_TILE, COMPACT_SCALES, ROUTE_DATA)
             else:
                 for gq in range(g0, tl.minimum(g0 + G_TILE, G), QG):
                     s, code = _mx_quant_row(x_row + gq * 32, G - gq, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
                                             SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG)
                     _store_quant_tile(q_row, s_ptr, cs_ptr + row * G, s, code, gq, G, pos, keep_q, zero_w,
-                                      all_zero, FUSED, FP4, SNP, K_PAD, QG, COMPACT_SCALES)
+                                      all_zero, FUSED, FP4, SNP, K_PAD, QG, COMPACT_SCALES, ROUTE_DATA)
+    if QUANT and ROUTE_DATA:
         if FUSED:
             if (t == T) & (T < M):
                 for gq in range(g0, tl.minimum(g0 + G_TILE, G), QG):
@@ -889,6 +988,7 @@ def _tunables() -> tuple:
             DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
+            ROLES_MAX_PAIRS, ROLES_PRESCANNED, ROUTE_SPLIT_DIV, DATA_MAX_GROUPS,
             SCALE_TILE_BYTES, QUANT_GROUPS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
 
@@ -990,7 +1090,8 @@ def _make_plan(key: tuple) -> _SortPlan:
     compact_scales = prescanned and quant and not fused
     g_pad = _next_pow2(G)
     batch = _batch_params(M, K, e_bins, k_pad, g_pad, quant, model_dim)
-    split, qg, warps = batch.pop("split"), batch["QG"], batch.pop("warps")
+    split, fill_split, warps = batch.pop("split"), batch.pop("fill_split"), batch.pop("warps")
+    qg = max(batch["QG"], batch["QG_D"])
     args = [None] * 23
     args[9], args[14] = x_stride, init_stride
     args[19:23] = (M, num_experts, model_dim, G)
@@ -1001,7 +1102,7 @@ def _make_plan(key: tuple) -> _SortPlan:
         QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
-        D_SPLIT=_round_up(_cdiv(model_dim, split), 16),
+        D_SPLIT=_round_up(_cdiv(model_dim, fill_split), 16),
         PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales, DEFER_QUANT=DEFER_QUANT_MATH,
         num_warps=warps or (4 if qg * 32 <= WIDE_ROW_ELEMS else 8),
     ))
@@ -1041,9 +1142,22 @@ def _batch_params(M: int, K: int, e_bins: int, k_pad: int, g_pad: int, quant: bo
                        max(g_pad // 16, 1) if quant else max(model_dim // 1024, 1)))
     g_tile = g_pad // split if quant else 1
     prescanned = _prescanned(M, K)
-    qg = g_tile if g_tile <= QUANT_ONE_STEP_GROUPS else min(g_tile, QUANT_GROUPS)
-    return dict(split=split, G_TILE=g_tile, QG=qg,
-                **_sort_params(m_b * K, e_bins, k_pad, prescanned))
+    sort = _sort_params(m_b * K, e_bins, k_pad, prescanned)
+    if quant and (ROLES_PRESCANNED if prescanned else m_b * K <= ROLES_MAX_PAIRS):
+        # split roles: data programs (codes, compact scales, moe_buf) beside the routing programs
+        d_split = min(max(split, g_pad // DATA_MAX_GROUPS, 1), g_pad)
+        r_split = max(1, split // ROUTE_SPLIT_DIV)
+        g_dtile, g_tile = g_pad // d_split, g_pad // r_split
+        return dict(split=r_split + d_split, fill_split=d_split, ROUTE_PROGRAMS=r_split, G_TILE=g_tile,
+                    QG=_quant_step(g_tile), G_DTILE=g_dtile, QG_D=_quant_step(g_dtile), **sort)
+    return dict(split=split, fill_split=split, ROUTE_PROGRAMS=0, G_TILE=g_tile, QG=_quant_step(g_tile),
+                G_DTILE=1, QG_D=1, **sort)
+
+
+def _quant_step(g_tile: int) -> int:
+    """Groups a program quantizes at a time of its share of ``g_tile`` groups (all of them in one step
+    up to ``QUANT_ONE_STEP_GROUPS``)."""
+    return g_tile if g_tile <= QUANT_ONE_STEP_GROUPS else min(g_tile, QUANT_GROUPS)
 
 
 def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:

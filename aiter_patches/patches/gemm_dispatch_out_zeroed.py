@@ -17,18 +17,23 @@ the keyword to the dispatcher and forwards it to the asm entry point only:
   every element and never sees the promise: it is ignored, counted.
 
 Without ``out`` there is nothing zeroed to promise (the dispatcher allocates
-``torch.empty``): the keyword is ignored, counted. With ``gemm_out_zeroed`` not
-applied, the asm call keeps its memset (the layer cannot forward the keyword to
-AITER's own function), counted. ``out_zeroed=False`` (the default) is exactly the
-original call.
+``torch.empty``): the keyword is ignored, counted. The patch needs
+``gemm_out_zeroed`` (``Patch.needs``): the layer cannot forward the keyword to
+AITER's own function, so it is applied only while ``gemm_out_zeroed`` is, and
+forwards only where the core says that patch's layer lies directly under its
+own (``site.below``). ``out_zeroed=False`` (the default) is exactly the
+original call. A layer over the dispatcher that makes the promise itself
+(``sglang_gemm_zero_pool``) learns whether it reached the asm kernel through
+:func:`forwarding`, a per-call hand-off.
 """
 
 from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass
+from typing import Any
 
-from ..declarations import APPLIED, Patch, SourcePin, Target
+from ..core.declarations import Patch, SourcePin, Target
 from ..signatures import Pin
 from . import moe_call, pins, relied_on
 
@@ -65,10 +70,29 @@ class _Promise:
     forwarded: bool = False
 
 
+@dataclass
+class _Outcome:
+    forwarded: bool = False
+
+
+_outcome: contextvars.ContextVar["_Outcome | None"] = contextvars.ContextVar("aiter_patches_gemm_promise_outcome",
+                                                                            default=None)
+
+
+def forwarding(call, *args, **kwargs) -> tuple[Any, bool]:
+    """``call(*args, **kwargs)`` (the dispatcher, with ``out_zeroed=True``) and whether this patch's layer
+    passed the promise on to the asm kernel during it: for a layer over the dispatcher that makes the promise."""
+    outcome = _Outcome()
+    token = _outcome.set(outcome)
+    try:
+        result = call(*args, **kwargs)
+    finally:
+        _outcome.reset(token)
+    return result, outcome.forwarded
+
+
 def _dispatcher_wrapper(inner, site):
     import torch
-
-    from .. import registry
 
     binder = site.binder
     counters = site.counters
@@ -83,10 +107,6 @@ def _dispatcher_wrapper(inner, site):
         if bound.get("out") is None:
             counters.fallback(NO_OUT)
             return inner(*args, **kwargs)
-        state = registry.state(PRODUCER)
-        if state != APPLIED:
-            counters.fallback(f"{PRODUCER} is {state}: the asm kernel keeps its memset")
-            return inner(*args, **kwargs)
         promise = _Promise(bound["out"])
         token = _promise.set(promise)
         try:
@@ -97,6 +117,9 @@ def _dispatcher_wrapper(inner, site):
             counters.hit()
         else:
             counters.fallback(NOT_ASM)
+        outcome = _outcome.get()
+        if outcome is not None:
+            outcome.forwarded = promise.forwarded
         return result
 
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle, inner)
@@ -106,7 +129,7 @@ def _asm_wrapper(inner, site):
     import torch
 
     binder = site.binder
-    takes_keyword = getattr(inner, "__aiter_patches__", None) == PRODUCER  # gemm_out_zeroed's layer under ours
+    takes_keyword = site.below == PRODUCER  # gemm_out_zeroed's layer under ours
 
     def gemm_a8w8_blockscale_bpreshuffle_asm(*args, **kwargs):
         if torch.compiler.is_compiling():  # Dynamo cannot trace a context variable; nothing to forward there
@@ -126,23 +149,23 @@ def _asm_wrapper(inner, site):
 def check(device):
     """``aiter-patches verify``: the dispatcher with a zeroed ``out`` and the promise against the unpatched dispatcher.
 
-    On the stand-in its tuned table is pointed at asm with two splits for the
-    check's shape (so the promise is forwarded: bitwise, the stand-in's splits add
-    in a fixed order). On real AITER the installed tuned config decides: bitwise
-    where the promise is ignored; where asm took it, AITER's splits add atomically,
-    so within 1e-2 relative (2-norm) of the unpatched call.
+    Where the AITER under test provides a way, the check's shape is routed to asm with two
+    splits (so the promise is forwarded: bitwise where its splits add in a fixed order).
+    Otherwise the installed tuned config decides: bitwise where the promise is ignored; where
+    asm took it, AITER's splits add atomically, so within 1e-2 relative (2-norm) of the
+    unpatched call (``checks.split_k_verdict``).
     """
     import sys
 
     import torch
 
-    from ..checks import split_k_gemm_inputs, split_k_verdict, stand_in_split_k
+    from ..checks import split_k_gemm_inputs, split_k_routed, split_k_verdict
     from ..verify import suspended
     from .. import registry
 
     mod = sys.modules[MODULE]
     A, Bs, a_scale, b_scale = split_k_gemm_inputs(device, seed=11)
-    with stand_in_split_k(mod) as stand_in:
+    with split_k_routed(mod):
         before = registry.stats()[NAME]["fast"]
         out_p = torch.zeros(A.shape[0], Bs.shape[0], dtype=torch.bfloat16, device=device)
         getattr(mod, DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16, out=out_p, out_zeroed=True)
@@ -150,7 +173,7 @@ def check(device):
         with suspended():
             out_o = getattr(mod, DISPATCHER)(A, Bs, a_scale, b_scale, torch.bfloat16)
     return split_k_verdict(
-        out_p, out_o, stand_in=stand_in, taken=forwarded,
+        out_p, out_o, taken=forwarded,
         missing=f"the promise was not forwarded ({registry.stats()[NAME]['fallback']})",
         taken_detail="asm split 2 without memset equals the dispatcher's memset + GEMM",
         untaken_detail="the tuned config did not choose asm here: the promise was ignored, AITER's result",
@@ -172,5 +195,6 @@ PATCH = Patch(
     kernel_module=None,
     relies_on=(DISPATCHER_SOURCE, *relied_on.GEMM_OUT_ZEROED),
     order=40,
+    needs=(PRODUCER,),
     check="aiter_patches.patches.gemm_dispatch_out_zeroed:check",
 )

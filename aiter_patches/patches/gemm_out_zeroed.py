@@ -9,26 +9,30 @@ the memset. With a non-zero ``out`` the splits add onto it: that is the
 contract, not a bug. ``out_zeroed=False`` (the default), or a split count of
 one, is exactly the original call.
 
+The launch without the memset is a backend's (:class:`Backend`): by default AITER's own ``.co``
+through HIP (``kernels/hip_blockscale_asm.py``). An AITER build whose asm GEMM is another kernel
+registers the backend that launches it, at its import (:func:`register_backend`); this module
+knows no such build.
+
 Host time (issue 15): the gate's verdict (a kept kernel plan, or the reason to hand back) is kept
 per call key (``call_key``: the arguments' shapes, strides, dtypes, devices and Python values, the
-grad mode, the limits, modules and functions the gate reads), so a repeated call reads its
-arguments' metadata once and launches. On real AITER's ``.co`` branch the key also holds AITER's
-tree (the root its ``aiter.jit.core`` names) and the HIP-side functions the gate asks; what those
-read of the file system and the device (the kernel list, each ``.co``'s metadata, the device's arch
-and CU count) is read once per process already, so a kept verdict decides as the gate would.
+grad mode, the backend and what its ``environment()`` names: the limits, modules and functions the
+gate reads), so a repeated call reads its arguments' metadata once and launches. For AITER's ``.co``
+the key holds AITER's tree (the root its ``aiter.jit.core`` names) and the HIP-side functions the
+gate asks; what those read of the file system and the device (the kernel list, each ``.co``'s
+metadata, the device's arch and CU count) is read once per process already, so a kept verdict
+decides as the gate would.
 """
 
 from __future__ import annotations
 
 import operator
-import os
 import sys
-from typing import Any, NamedTuple
+import weakref
+from typing import Any, NamedTuple, Protocol
 
-import torch
-
-from .. import call_key, runtime
-from ..declarations import CheckResult, Patch, Target
+from .. import call_key
+from ..core.declarations import CheckResult, Patch, Target
 from . import moe_call, pins, relied_on
 
 NAME = "gemm_out_zeroed"
@@ -40,41 +44,74 @@ class HandBack(NamedTuple):
     reason: str
 
 
-class AsmLaunch(NamedTuple):
-    """Real AITER's no-memset ``.co`` launch: the kernel and split AITER's launcher picks (a
-    ``hip_blockscale_asm.LaunchPlan``) and AITER's tree, launched on the call's tensors. Python
-    values only: a verdict of the cache below."""
+class Launch(NamedTuple):
+    """A no-memset launch: ``backend.launch(plan, A, B, out, A_scale, B_scale)`` on the call's tensors.
+    Python values only (``plan`` is the backend's): a verdict of the cache below."""
 
-    plan: Any
-    root: str
-
-
-class TritonLaunch(NamedTuple):
-    """The stand-in's no-memset launch: a kept kernel plan (Python values only), run on the call's
-    tensors; ``plan`` None: no rows, nothing to launch. A verdict of the cache below."""
-
+    backend: Any
     plan: Any
 
 
-_KERNEL: list = []  # the kernel module, imported once (an import statement per call costs ~1 µs)
+# ---------------------------------------------------------------- the backend seam
+
+class Backend(Protocol):
+    """What launches AITER's split-K block-scale GEMM without its memset, for one AITER build.
+
+    The gate below checks what AITER itself would refuse to take the fast path for (the
+    signature, ``bias``, autograd); the backend decides the rest and launches:
+
+    - ``environment(aiter)``: everything ``plan`` reads besides the call's arguments, as one
+      hashable tuple (modules and functions by identity, limits by value); a kept verdict is
+      reused only while it is equal.
+    - ``plan(A, B, out, A_scale, B_scale, splitK, kernelName, bpreshuffle)``: a plan of Python
+      values (no tensor) for a no-memset launch of these operands, or a :class:`HandBack`
+      (``split count 1``: the original launches no memset). ``ValueError``: AITER's launcher
+      would raise the same check, so the call is handed back to let it.
+    - ``launch(plan, A, B, out, A_scale, B_scale)``: launch ``plan`` on the operands as given.
+
+    The default, :data:`AITER_CODE_OBJECT`, launches AITER's own ``.co`` through HIP
+    (``kernels/hip_blockscale_asm.py``). An AITER build whose asm GEMM is something else
+    registers its own backend at its import with :func:`register_backend`.
+    """
+
+    def environment(self, aiter) -> tuple: ...
+
+    def plan(self, A, B, out, A_scale, B_scale, splitK, kernelName, bpreshuffle) -> Any: ...
+
+    def launch(self, plan, A, B, out, A_scale, B_scale) -> None: ...
 
 
-def _kernel():
-    if not _KERNEL:
-        from ..kernels import blockscale_gemm_splitk
-
-        _KERNEL.append(blockscale_gemm_splitk)
-    return _KERNEL[0]
+_BACKENDS: dict[int, Backend] = {}  # id(aiter package) -> its registered backend; dropped with the package
 
 
-_HIP: list = []  # the ROCm launcher module, imported once (an import statement per call costs ~1 µs)
+def register_backend(aiter, backend: Backend | None) -> None:
+    """``backend`` serves this patch's calls while ``aiter`` (an imported AITER package) is the one in
+    ``sys.modules``; ``None`` gives that package the default again. Read on every call: a change
+    after a kept verdict is decided afresh. The entry goes when the package object does."""
+    key = id(aiter)
+    if backend is None:
+        _BACKENDS.pop(key, None)
+        return
+    if key not in _BACKENDS:
+        weakref.finalize(aiter, _BACKENDS.pop, key, None)
+    _BACKENDS[key] = backend
+
+
+def backend_for(aiter) -> Backend:
+    """The backend serving calls while ``aiter`` is imported: its registered one, else AITER's ``.co``."""
+    return _BACKENDS.get(id(aiter), AITER_CODE_OBJECT)
+
+
+_HIP: list = []  # the ROCm launcher module and torch, imported once (an import statement per call costs ~1 µs)
 
 
 def _hip():
     if not _HIP:
+        import torch
+
         from ..kernels import hip_blockscale_asm
 
-        _HIP.append(hip_blockscale_asm)
+        _HIP.extend((hip_blockscale_asm, torch))
     return _HIP[0]
 
 
@@ -82,35 +119,55 @@ def _aiter_root() -> str | None:
     return _hip().aiter_root_of(sys.modules.get("aiter"))  # AITER's .co files are not inside its package
 
 
-# Verdicts of the gate by call_key: every check below reads the arguments' metadata, the grad mode
-# and what _environment() / _asm_environment() name only (real AITER's .co branch: its file system and
-# device answers are read once per process by hip_blockscale_asm, and the key names those functions).
+class AiterCodeObject:
+    """AMD's AITER: its own ``.co`` kernel, launched through HIP without the memset.
+
+    What the gate reads of the file system and the device (the kernel list, each ``.co``'s
+    metadata, the device's arch and CU count) is read once per process by ``hip_blockscale_asm``;
+    the environment names AITER's tree (the root its ``aiter.jit.core`` names) and those
+    functions, so a kept verdict decides as the gate would."""
+
+    def environment(self, aiter) -> tuple:
+        """AITER's module and tree and the ROCm-side functions and values ``plan`` asks (by identity: a
+        test or a server replacing one gets a new verdict), in one flat tuple."""
+        hip = _HIP[0] if _HIP else _hip()
+        torch = _HIP[1]
+        return (aiter, _aiter_root(), torch.version.hip, torch.cuda.is_available,
+                torch.cuda.get_device_properties, hip.available, hip.gfx_of, hip.unsupported_reason, hip.plan_launch,
+                hip.load_kernel_list, hip.select_kernel, hip.aligned_split, hip.SUPPORTED_GFX, hip.code_object_path,
+                hip.code_object_reason, hip.launch_planned, id(hip._co_checks))
+
+    def plan(self, A, B, out, A_scale, B_scale, splitK, kernelName, bpreshuffle):
+        hip = _hip()
+        reason = hip.unsupported_reason(A, B, out, A_scale, B_scale)
+        if reason is not None:
+            return HandBack(reason)
+        root = _aiter_root()
+        reason = hip.available(A.device, root)
+        if reason is not None:
+            return HandBack(f"AITER's .co cannot be launched here: {reason}")
+        plan = hip.plan_launch(A, B, aiter_root=root, splitK=splitK, kernelName=kernelName, bpreshuffle=bpreshuffle)
+        if plan.split <= 1:
+            return HandBack("split count 1: the original launches no memset")
+        reason = hip.code_object_reason(root, plan.gfx, plan.cfg)
+        if reason is not None:
+            return HandBack(f"AITER's .co refused: {reason}")
+        return (plan, root)
+
+    def launch(self, plan, A, B, out, A_scale, B_scale) -> None:
+        asm_plan, root = plan
+        _hip().launch_planned(A, B, out, A_scale, B_scale, asm_plan, aiter_root=root)
+
+
+AITER_CODE_OBJECT = AiterCodeObject()
+
+
+# ---------------------------------------------------------------- the wrapper
+
+# Verdicts of the gate by call_key: every check below reads the arguments' metadata, the grad mode,
+# the backend serving this AITER and what its environment() names only.
 VERDICTS = call_key.GuardedVerdicts(NAME)
 _OPERANDS = ("A", "B", "out", "A_scale", "B_scale")
-
-
-def _environment(aiter=None) -> tuple:
-    """What the stand-in's gate reads besides the arguments: AITER's modules and launcher rule, the
-    backend check, the kernel module's limits and kernels (objects, kept alive by the key), in one
-    flat tuple (``aiter``: ``sys.modules.get("aiter")``, as the caller read it)."""
-    k = _KERNEL[0] if _KERNEL else _kernel()
-    if aiter is None:
-        aiter = sys.modules.get("aiter")
-    return (aiter, getattr(sys.modules.get("aiter.ops.gemm_op_a8w8"), "launcher_split", None),
-            runtime.triton_backend_reason, os.environ.get("TRITON_INTERPRET"), torch.is_grad_enabled(),
-            k.MAX_WORKSPACE_BYTES, k.MAX_SPLITS, k.block_config, k._blockscale_gemm_kernel, k.unsupported_reason)
-
-
-def _asm_environment(aiter) -> tuple:
-    """What real AITER's ``.co`` branch of the gate reads besides the arguments, in one flat tuple:
-    AITER's module and tree (the root its ``aiter.jit.core`` names), the grad mode, and the
-    ROCm-side functions and values the branch asks (by identity: a test or a server replacing one
-    gets a new verdict)."""
-    hip = _hip()
-    return (aiter, _aiter_root(), torch.is_grad_enabled(), torch.version.hip, torch.cuda.is_available,
-            torch.cuda.get_device_properties, hip.available, hip.gfx_of, hip.unsupported_reason, hip.plan_launch,
-            hip.load_kernel_list, hip.select_kernel, hip.aligned_split, hip.SUPPORTED_GFX, hip.code_object_path,
-            hip.code_object_reason, hip.launch_planned, id(hip._co_checks))
 
 
 def _operand_getter(binder, args: tuple, kwargs: dict):
@@ -126,10 +183,14 @@ def _operand_getter(binder, args: tuple, kwargs: dict):
 
 
 def _wrapper(inner, site):
+    import torch  # AITER is imported by now: the wrapper is built when its module is
+
     binder = site.binder
     counters = site.counters
     verdicts = VERDICTS
     split_key, Unkeyable = call_key.split_key, call_key.Unkeyable
+    grad_enabled = torch.is_grad_enabled
+    backends, default = _BACKENDS, AITER_CODE_OBJECT
     verdicts.clear()  # built at apply (and at a revert that rebuilds the chain): decide afresh
 
     def gemm_a8w8_blockscale_bpreshuffle_asm(*args, out_zeroed=False, **kwargs):
@@ -137,9 +198,10 @@ def _wrapper(inner, site):
             return inner(*args, **kwargs)
         key, tensors = None, ()
         aiter = sys.modules.get("aiter")
+        backend = backends.get(id(aiter), default)
         try:
             split, tensors = split_key(args, kwargs)
-            key = (split, _environment(aiter) if _stand_in(aiter) else _asm_environment(aiter))
+            key = (split, grad_enabled(), backend, backend.environment(aiter))
         except Unkeyable:
             pass
         try:
@@ -147,22 +209,17 @@ def _wrapper(inner, site):
         except TypeError:  # a replaced AITER module or function that does not hash: decided in full
             key = got = None
         if got is None:
-            plan, operands = _decide(binder, args, kwargs)
+            plan, operands = _decide(binder, args, kwargs, backend)
             if key is not None:  # the verdict follows from what the key and the tensors' guard hold
                 verdicts.put(key, tensors, (plan, _operand_getter(binder, args, kwargs) if operands else None))
         else:
             plan, get = got
             operands = get(args, kwargs) if get is not None else None
-        kind = type(plan)
-        if kind is HandBack:
+        if type(plan) is HandBack:
             counters.fallback(plan.reason)
             return inner(*args, **kwargs)
         try:
-            if kind is TritonLaunch:
-                if plan.plan is not None:  # A_scale as passed: the plan has the strides AITER's asm reads it with
-                    (_KERNEL[0] if _KERNEL else _kernel()).run_plan(plan.plan, *operands)
-            else:
-                _hip().launch_planned(*operands, plan.plan, aiter_root=plan.root)
+            plan.backend.launch(plan.plan, *operands)
         except Exception as exc:
             counters.failed(exc, "GEMM launch without memset")
             return inner(*args, **kwargs)
@@ -172,8 +229,10 @@ def _wrapper(inner, site):
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle_asm, inner)
 
 
-def _decide(binder, args, kwargs):
+def _decide(binder, args, kwargs, backend):
     """``(verdict, operands or None)``: the gate in full, for a call not decided yet."""
+    import torch
+
     bound, problems = binder.bind(args, kwargs)
     if problems:
         return HandBack(problems[0]), None
@@ -186,80 +245,37 @@ def _decide(binder, args, kwargs):
     if reason is not None:
         return HandBack(reason), None
     try:
-        plan = _plan(bound)
+        plan = _plan(bound, backend)
     except ValueError as exc:  # AITER would raise the same check: let it, with its own message
         plan = HandBack(f"launcher check: {exc}")
     operands = None if isinstance(plan, HandBack) else tuple(bound[n] for n in _OPERANDS)
     return plan, operands
 
 
-def _stand_in(aiter) -> bool:
-    return bool(getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False))
-
-
 def _autograd_reason(out) -> str | None:
     """AITER writes ``out`` in place through a custom op, which autograd refuses for a tensor that
     requires grad under grad mode (a leaf raises); the kernel's raw pointer write would not refuse."""
+    import torch
+
     if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
         return "out requires grad under grad mode (AITER's in-place write decides the outcome)"
     return None
 
 
-def _plan(bound: dict) -> TritonLaunch | AsmLaunch | HandBack:
-    """A no-memset launch for this call, or the reason there is none (split 1 needs no patch)."""
-    A, B, out = bound["A"], bound["B"], bound["out"]
-    A_scale, B_scale = bound["A_scale"], bound["B_scale"]
-    splitK = bound.get("splitK")
+def _plan(bound: dict, backend: Backend) -> Launch | HandBack:
+    """A no-memset launch for this call by ``backend``, or the reason there is none."""
     bpreshuffle = bound.get("bpreshuffle", True)
     bpreshuffle = True if bpreshuffle is None else bool(bpreshuffle)
-    if _stand_in(sys.modules.get("aiter")):
-        from aiter.ops.gemm_op_a8w8 import launcher_split
-
-        split = launcher_split(A.shape[1], -1 if splitK is None else splitK)
-        if split <= 1:
-            return HandBack("split count 1: the original launches no memset")
-        k = _kernel()
-        from ..reference.blockscale_gemm import a_scale_as_read_by_asm
-
-        try:
-            a_s = a_scale_as_read_by_asm(A_scale)  # as the stand-in's launcher reads it
-        except ValueError as exc:
-            return HandBack(str(exc))
-        reason = runtime.triton_backend_reason(A.device) or k.unsupported_reason(
-            A, B, out, a_s, B_scale, split, bpreshuffle) or k.workspace_reason(A.shape[0], B.shape[0], split)
-        if reason is not None:
-            return HandBack(reason)
-        M, K = A.shape
-        if M == 0:
-            return TritonLaunch(None)
-        plan = k.one_launch_plan(M, B.shape[0], K, split, bpreshuffle, False, A.stride(0), out.stride(0),
-                                 a_s.stride(0), a_s.stride(1), B_scale.stride(0), B_scale.stride(1))
-        if plan is None:  # pragma: no cover - workspace_reason above refused it
-            return HandBack("split-K workspace above the one-launch cap")
-        return TritonLaunch(plan)
-    hip = _hip()
-    reason = hip.unsupported_reason(A, B, out, A_scale, B_scale)
-    if reason is not None:
-        return HandBack(reason)
-    root = _aiter_root()
-    reason = hip.available(A.device, root)
-    if reason is not None:
-        return HandBack(f"AITER's .co cannot be launched here: {reason}")
-    plan = hip.plan_launch(A, B, aiter_root=root, splitK=splitK, kernelName=bound.get("kernelName"),
-                           bpreshuffle=bpreshuffle)
-    if plan.split <= 1:
-        return HandBack("split count 1: the original launches no memset")
-    reason = hip.code_object_reason(root, plan.gfx, plan.cfg)
-    if reason is not None:
-        return HandBack(f"AITER's .co refused: {reason}")
-    return AsmLaunch(plan, root)
+    plan = backend.plan(bound["A"], bound["B"], bound["out"], bound["A_scale"], bound["B_scale"],
+                        bound.get("splitK"), bound.get("kernelName"), bpreshuffle)
+    return plan if type(plan) is HandBack else Launch(backend, plan)
 
 
 def check(device) -> CheckResult:
     """``aiter-patches verify``: out_zeroed=True into zeros equals AITER's memset + GEMM, bit for bit."""
     import torch
 
-    from .. import registry, verify
+    from .. import checks, registry, verify
     from ..aiter_contract import SCALE_BLOCK
     from ..reference.blockscale_gemm import shuffle_weight_16x16
 
@@ -279,7 +295,7 @@ def check(device) -> CheckResult:
     gemm(A, Bs, out_p, a_scale, b_scale, splitK=split, out_zeroed=True)
     if fast_hits() <= before:
         why = registry.stats()[NAME]["fallback"]
-        if getattr(aiter, "IS_AITER_PATCHES_STAND_IN", False):
+        if checks.provided().fast_paths_required:
             return CheckResult("bitwise", False, f"fast path not taken ({why})")
         return CheckResult("bitwise", True, f"every call goes to AITER unchanged here: no fast path ({why})")
     out_o = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
@@ -298,7 +314,7 @@ PATCH = Patch(
                "Takes the extra keyword out_zeroed; the package alias aiter.gemm_a8w8_blockscale_bpreshuffle_asm "
                "is rebound with it."),
     ),
-    kernel_module="aiter_patches.kernels.blockscale_gemm_splitk",
+    kernel_module="aiter_patches.kernels.hip_blockscale_asm",
     relies_on=relied_on.GEMM_OUT_ZEROED,
     order=50,
     check=check,

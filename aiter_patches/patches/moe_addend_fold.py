@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from .. import foreign_layers
-from ..declarations import Patch
+from ..core.declarations import Patch
 from . import moe_pipeline, pins, relied_on, sort_extension
 from .moe_call import ADD_AFTER, FOLDED, PENDING
 
@@ -145,12 +145,12 @@ def fused_moe_with_addend(addend, *args, **kwargs):
 
     For callers that must not depend on the patch being active: the same result
     either way (bitwise equal to the unpatched add where AITER's stage 2 adds in
-    a fixed order; within bf16 rounding of it otherwise).
+    a fixed order; within bf16 rounding of it otherwise). Whether it is active is
+    asked of the function bound now: does its call reach this patch's step
+    (``moe_pipeline.takes_keyword``)?
     """
-    from .. import registry
-
     fm = sys.modules["aiter.fused_moe"].fused_moe
-    if registry.state(NAME) == registry.APPLIED:
+    if moe_pipeline.takes_keyword(fm, "moe_addend"):
         return fm(*args, moe_addend=addend, **kwargs)
     from ..signatures import Binder
 
@@ -165,7 +165,8 @@ def fused_moe_with_addend(addend, *args, **kwargs):
 
 
 def check(device):
-    """`aiter-patches verify`: ``moe_buf`` starts from the addend, and on the stand-in ``fused_moe(moe_addend=)`` is within the fold's bound of ``fused_moe + addend``."""
+    """`aiter-patches verify`: ``moe_buf`` starts from the addend; and, where the AITER under test provides whole
+    ``fused_moe`` inputs it runs here, ``fused_moe(moe_addend=)`` is within the fold's bound of ``fused_moe + addend``."""
     import torch
 
     from .. import checks as kit, registry
@@ -185,8 +186,9 @@ def check(device):
     T = int(out[3][1])
     if call.addend_state != moe_call.FOLDED or not torch.equal(out[4][:T], addend[:T]):
         problems.append(f"moe_buf does not start from the addend (state {call.addend_state})")
-    if kit.is_stand_in():
-        args = kit.stand_in_moe_inputs(device, quant="bf16")
+    whole = kit.provided().fused_moe_inputs  # a whole fused_moe, where the AITER under test runs one here
+    if whole is not None:
+        args = whole(device, "bf16")
         add = torch.randn(args["topk_ids"].shape[0], args["w2"].shape[1],
                           generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(device)
         folded = fm.fused_moe(**args, moe_addend=add)

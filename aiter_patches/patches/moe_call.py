@@ -7,7 +7,7 @@ quant helper later must find what the sort produced. The pipeline
 ``ContextVar`` for the duration of the outer call, so concurrent calls in other
 threads or asyncio tasks never see each other's data, and nothing outlives the
 call (reset in ``finally``). Which feature reads and writes which field of the
-plan is declared by the features and checked (``moe_pipeline.checking()``).
+plan is declared by the features and checked by the tests (``moe_pipeline.run_steps_through``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ steps in the order of the table below, passing one plan (:class:`moe_call.MoeCal
 per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
 :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
 writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
-read the bound arguments: ``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the sort's step); under :func:`checking` an undeclared
-access raises :class:`UndeclaredField`.
+read the bound arguments: ``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the sort's step); the tests run every step through
+a check of those declarations (:func:`run_steps_through`), where an undeclared access raises.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
 target             step  feature             does                 reads                                       writes
@@ -66,10 +66,10 @@ skips that feature's steps, as the chained wrappers did.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
-from typing import Any, Callable, Iterator
+import weakref
+from typing import Any, Callable
 
 from .. import call_key
 from . import moe_call, pins, sort_scratch
@@ -105,10 +105,6 @@ STEPS: dict[str, tuple] = {
     ),
 }
 ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "layout", "picker", "pick"})
-
-
-class UndeclaredField(AttributeError):
-    """A feature read or wrote a field of the plan or step that it does not declare."""
 
 
 class Feature:
@@ -231,72 +227,33 @@ def _straight_picker(where: tuple) -> Callable:
     return got
 
 
-# ---------------------------------------------------------------- declared access
+# ---------------------------------------------------------------- how the steps run (a seam for the tests)
 
-_CHECKING = [False]
-
-
-@contextlib.contextmanager
-def checking(on: bool = True) -> Iterator[None]:
-    """Run every feature step against its declarations (tests): an undeclared field raises."""
-    before, _CHECKING[0] = _CHECKING[0], on
-    try:
-        yield
-    finally:
-        _CHECKING[0] = before
+_STEP_MAKER: list = [None]  # None: each step called directly; else make(feature, method, site) -> run(call, step)
+_LIVE_STAGES: "weakref.WeakSet[_Stages]" = weakref.WeakSet()
 
 
-class _Checked:
-    __slots__ = ("_obj", "_feature", "_prefix")
-
-    def __init__(self, obj, feature: Feature, prefix: str):
-        object.__setattr__(self, "_obj", obj)
-        object.__setattr__(self, "_feature", feature)
-        object.__setattr__(self, "_prefix", prefix)
-
-    def __getattr__(self, name: str):
-        key = f"{self._prefix}.{name}"
-        f = self._feature
-        if name not in ALWAYS_READABLE and key not in f.reads and key not in f.writes:
-            raise UndeclaredField(f"feature '{f.name}' reads {key}, which it does not declare")
-        return getattr(self._obj, name)
-
-    def __setattr__(self, name: str, value) -> None:
-        key = f"{self._prefix}.{name}"
-        if key not in self._feature.writes:
-            raise UndeclaredField(f"feature '{self._feature.name}' writes {key}, which it does not declare")
-        setattr(self._obj, name, value)
-
-
-def _tracing() -> bool:
-    """Under torch.compile's tracing the checking proxy is not traced (Dynamo cannot follow ``__getattr__``)."""
-    import torch
-
-    return torch.compiler.is_compiling()
-
-
-def _checked_step(f: Feature, method: str, site) -> Callable[[Any, Any], None]:
-    fn = getattr(f, method)
-
-    def run(call, step):
-        if _tracing():
-            fn(site, call, step)
-        else:
-            fn(site, None if call is None else _Checked(call, f, "call"), _Checked(step, f, step.PREFIX))
-
-    return run
+def run_steps_through(make: Callable[[Feature, str, Any], Callable[[Any, Any], None]] | None):
+    """Every feature step, in every wrapper built and to be built, runs as ``make(feature, method, site)``
+    (``None``: the step itself, called directly); returns the previous ``make``. The tests check the
+    features' declared fields this way (``tests/helpers/moe_declared.py``). A wrapper reads no switch
+    per call: its stages are rebuilt here."""
+    before, _STEP_MAKER[0] = _STEP_MAKER[0], make
+    for stages in list(_LIVE_STAGES):
+        stages.steps = stages.resolve(make)
+    return before
 
 
 class _Stages:
-    """The steps of one target for one set of engaged features, resolved to callables ``(call, step)``."""
+    """The steps of one target for one set of engaged features, resolved to callables ``(call, step)``
+    before AITER's function and after it: ``steps``, what a wrapper runs."""
 
-    __slots__ = ("plain", "checked", "refusals", "sites")
+    __slots__ = ("spec", "steps", "refusals", "sites", "__weakref__")
 
     def __init__(self, kind: str, layers: tuple):
         sites = {name: site for name, site in layers}
         self.sites = tuple(sites.values())
-        plain: tuple[list, list] = ([], [])
-        checked: tuple[list, list] = ([], [])
+        spec: tuple[list, list] = ([], [])
         half = 0
         for step in STEPS.get(kind, ()):
             if step == AITER:
@@ -304,23 +261,29 @@ class _Stages:
                 continue
             name, method = step
             if name in sites:
-                plain[half].append(functools.partial(getattr(FEATURES[name], method), sites[name]))
-                checked[half].append(_checked_step(FEATURES[name], method, sites[name]))
-        self.plain = (tuple(plain[0]), tuple(plain[1]))
-        self.checked = (tuple(checked[0]), tuple(checked[1]))
+                spec[half].append((FEATURES[name], method, sites[name]))
+        self.spec = (tuple(spec[0]), tuple(spec[1]))
+        self.steps = self.resolve(_STEP_MAKER[0])
+        _LIVE_STAGES.add(self)
         self.refusals = tuple((FEATURES[n].refuse, s) for n, s in sites.items())
 
+    def resolve(self, make) -> tuple[tuple, tuple]:
+        if make is None:
+            return tuple(tuple(functools.partial(getattr(f, method), site) for f, method, site in half)
+                         for half in self.spec)
+        return tuple(tuple(make(f, method, site) for f, method, site in half) for half in self.spec)
 
 
 # ---------------------------------------------------------------- the wrappers
 
 class _Built:
-    """What a pipeline wrapper serves: AITER's function, the features' layers (innermost first), their wrappers."""
+    """What a pipeline wrapper serves: AITER's function, the features' layers (innermost first), their wrappers,
+    and the code it was built with (a reverted wrapper's code is swapped for the registry's pass-through)."""
 
-    __slots__ = ("kind", "original", "layers", "wrappers")
+    __slots__ = ("kind", "original", "layers", "wrappers", "code")
 
-    def __init__(self, kind, original, layers, wrappers):
-        self.kind, self.original, self.layers, self.wrappers = kind, original, layers, wrappers
+    def __init__(self, kind, original, layers, wrappers, code=None):
+        self.kind, self.original, self.layers, self.wrappers, self.code = kind, original, layers, wrappers, code
 
 
 _MARK = "__aiter_patches_moe_pipeline__"
@@ -339,10 +302,25 @@ def wrapper(kind: str, name: str) -> Callable:
         else:
             original, layers, guards = inner, ((name, site),), ()
         fn = _BUILDERS[kind](kind, original, layers, guards)
-        setattr(fn, _MARK, _Built(kind, original, layers, guards + (fn,)))
+        setattr(fn, _MARK, _Built(kind, original, layers, guards + (fn,), fn.__code__))
         return like(fn, original)
 
     return factory
+
+
+def takes_keyword(fn: Callable, keyword: str) -> bool:
+    """Whether a call of ``fn`` (a binding, read now) reaches an armed pipeline wrapper with a feature that
+    takes the extra keyword ``keyword``: ``fn`` itself, or the one under this package's own layers over it
+    (which pass keywords they do not know on). A foreign wrapper, or a reverted one, says no."""
+    for _ in range(8):
+        built = getattr(fn, _MARK, None)
+        if isinstance(built, _Built) and built.wrappers[-1] is fn and fn.__code__ is built.code:
+            return any(keyword in FEATURES[n].keywords for n, _ in built.layers)
+        where = getattr(fn, "__globals__", None)
+        if not isinstance(where, dict) or not str(where.get("__name__", "")).startswith("aiter_patches."):
+            return False
+        fn = getattr(fn, "__wrapped__", None)
+    return False
 
 
 def _armed(kind: str, layers: tuple, guards: tuple, code, cache: dict) -> Callable[[], Any]:
@@ -403,7 +381,7 @@ def _build_fused_moe(kind, original, layers, guards):
             return original(*args, **kwargs)
         call, new = joined_or_new(bound)
         step = FusedMoeStep(bound, given)
-        before, after = engaged.checked if _CHECKING[0] else engaged.plain
+        before, after = engaged.steps
         for run in before:
             run(call, step)
         if new:  # moe_call.scope's set and reset, inline: a generator context manager costs ~1 µs a call
@@ -437,7 +415,7 @@ def _build_sort(kind, original, layers, guards):
         if call is not None:
             call.sort_reached = True
         step = SortStep(binder, args, kwargs)
-        before, after = stages.checked if _CHECKING[0] else stages.plain
+        before, after = stages.steps
         for run in before:
             run(call, step)
         if step.outputs is None:
@@ -484,7 +462,7 @@ _BUILDERS = {FUSED_MOE: _build_fused_moe, SORT: _build_sort,
 
 def target(kind: str, name: str, why: str):
     """The registry :class:`Target` of feature ``name`` on AITER's ``kind``, served by the pipeline."""
-    from ..declarations import Target
+    from ..core.declarations import Target
 
     return Target(MODULE, kind, _PINS[kind], wrapper(kind, name), why)
 
@@ -499,10 +477,5 @@ def stage1_quant_targets(name: str, producer: str) -> tuple:
     )
 
 
-def plan_fields() -> dict[str, frozenset]:
-    """Every field a feature may declare, by prefix."""
-    return {"call": moe_call.PLAN_FIELDS, FusedMoeStep.PREFIX: FusedMoeStep.FIELDS, SortStep.PREFIX: SortStep.FIELDS}
-
-
-__all__ = ["Feature", "FEATURES", "STEPS", "MoeCall", "UndeclaredField", "checking", "feature", "target",
-           "stage1_quant_targets", "wrapper"]
+__all__ = ["Feature", "FEATURES", "STEPS", "MoeCall", "feature", "run_steps_through", "target",
+           "stage1_quant_targets", "takes_keyword", "wrapper"]

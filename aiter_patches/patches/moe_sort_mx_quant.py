@@ -24,7 +24,7 @@ import torch
 
 from .. import call_key, foreign_layers, runtime
 from ..aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
-from ..declarations import Patch
+from ..core.declarations import Patch
 from . import moe_call, moe_pipeline, relied_on, sort_scratch
 from .moe_call import StageOneQuant, enum_value, tensor_key
 
@@ -532,7 +532,8 @@ def _request(bound: dict, call, addend_offer) -> dict:
 
 
 def check(device):
-    """`aiter-patches verify`: sort + MX quant (MXFP4 and MXFP8) patched vs AITER, bitwise over every position AITER defines; on the stand-in also a whole ``fused_moe``."""
+    """`aiter-patches verify`: sort + MX quant (MXFP4 and MXFP8) patched vs AITER, bitwise over every position AITER
+    defines; also a whole MXFP4 ``fused_moe`` where the AITER under test provides inputs it runs here."""
     import torch
 
     from .. import checks as kit, registry
@@ -559,8 +560,9 @@ def check(device):
         checked.append(str(qd).replace("torch.", ""))
     if not checked:
         problems.append("AITER quantizes to neither MXFP4 nor MXFP8 here: nothing to compare")
-    if kit.is_stand_in():
-        problems += kit.whole_fused_moe_bitwise(device)
+    whole = kit.provided().fused_moe_inputs
+    if whole is not None:
+        problems += kit.whole_fused_moe_bitwise(whole(device, "fp4"))
     ok = not problems
     detail = f"sort, moe_buf, MX data and scales equal ({', '.join(checked)})" if ok else "; ".join(problems)
     return CheckResult("bitwise", ok, "; ".join([detail, *unavailable]))

@@ -12,7 +12,7 @@ Refresh with ``aiter-patches drift --propose --aiter-src DIR`` after re-reading
 the new source.
 """
 
-from ..declarations import SourcePin
+from ..core.declarations import SourcePin
 
 _AT = "ROCm/aiter e4048607a5"
 

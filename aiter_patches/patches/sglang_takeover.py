@@ -11,10 +11,17 @@ AITER's MXFP4 quant still runs. Ours covers MXFP4 and MXFP8, EP (``expert_mask``
 and prefill in one launch, bit for bit with AITER, so by default the server's
 patch is skipped (``AITER_PATCHES_DISABLE=sglang_takeover`` gives it back).
 
-The decision is taken when SGLang calls the function (its caller imports it
-from the module at call time, so the binding we replace is the one it uses):
-while ``moe_sort_mx_quant`` is applied the call is a no-op, counted and logged
-once; otherwise (and off gfx95, where it installs nothing) SGLang's function runs. If SGLang's patch already ran when the
+The patch needs ``moe_sort_mx_quant`` (``Patch.needs``): where that patch is
+disabled, skipped or inactive, this one is skipped and SGLang's function runs
+as shipped. It may be applied while ``moe_sort_mx_quant`` is still pending
+(``pending_ok``): SGLang imports ``aiter.fused_moe`` only inside the very function
+we intercept, so ours cannot be applied before that call. The decision is
+therefore taken when SGLang calls the function (its caller imports it from the
+module at call time, so the binding we replace is the one it uses): the
+wrapper imports ``aiter.fused_moe`` itself first if no one has (its post-import
+hook applies ours), then asks its own site (``site.needs_unmet()``); while
+every need is applied the call is a no-op, counted and logged once; otherwise
+(and off gfx95, where it installs nothing) SGLang's function runs. If SGLang's patch already ran when the
 take-over applies (``functools.cache`` shows it was called), its wrappers that
 sit directly over ours are taken off by identity (``__wrapped__`` is our
 wrapper and the wrapper's own closure calls exactly it); wrappers under ours are
@@ -35,8 +42,9 @@ import types
 from typing import Any
 
 from .. import foreign_layers
+from ..core.aliases import unwrap_foreign
 from ..drift import live_source_reason, source_hash
-from ..declarations import APPLIED, PENDING, Patch, Target
+from ..core.declarations import Patch, Target
 from . import moe_call, pins, relied_on
 
 log = logging.getLogger("aiter_patches")
@@ -98,17 +106,16 @@ def _source_reason(target: Target, original: Any) -> str | None:
     return live_source_reason(fn, pin)
 
 
-def _producer_state() -> str:
-    from .. import registry
-
-    state = registry.state(PRODUCER)
-    if state == PENDING and AITER_MODULE not in sys.modules:
-        try:  # SGLang's function would import it now; its post-import hook applies ours
+def _unmet(site) -> str | None:
+    """None while every patch this one needs is applied; else which is not, as the site says."""
+    unmet = site.needs_unmet()
+    if unmet is not None and AITER_MODULE not in sys.modules:
+        try:  # SGLang's function would import it now; its post-import hook applies what we need
             importlib.import_module(AITER_MODULE)
         except Exception:  # the original, if it runs, reports its own import problem
-            return state
-        state = registry.state(PRODUCER)
-    return state
+            return unmet
+        unmet = site.needs_unmet()
+    return unmet
 
 
 def _on_gfx95() -> bool:
@@ -133,8 +140,6 @@ def _log_once() -> None:
 def _after_earlier_run(sites: list[tuple[Any, Any]]) -> None:
     """After the take-over is committed, if SGLang's patch ran before it: take its layers over ours off by identity
     (put back when the take-over is reverted), report the rest."""
-    from .. import registry
-
     for site, inner in sites:
         info = getattr(inner, "cache_info", None)
         try:
@@ -145,7 +150,7 @@ def _after_earlier_run(sites: list[tuple[Any, Any]]) -> None:
             continue
         restored = []
         for attr, _ in WRAPPERS.values():
-            restored += registry.unwrap_foreign(AITER_MODULE, attr, is_sglang_wrapper, owner=NAME)
+            restored += unwrap_foreign(AITER_MODULE, attr, is_sglang_wrapper, owner=NAME)
         if restored:
             text = ("SGLang's patch ran before the take-over; its wrappers over ours were taken off at "
                     f"{', '.join(restored)}")
@@ -160,9 +165,9 @@ def _takeover_wrapper(inner, site):
         if not _on_gfx95():
             site.counters.fallback("not gfx95: SGLang's patch installs nothing here")
             return inner(*args, **kwargs)
-        state = _producer_state()
-        if state != APPLIED:
-            site.counters.fallback(f"{PRODUCER} is {state}: SGLang's patch installed")
+        unmet = _unmet(site)
+        if unmet is not None:
+            site.counters.fallback(f"{unmet}: SGLang's patch installed")
             return inner(*args, **kwargs)
         site.counters.hit()
         _log_once()
@@ -181,6 +186,8 @@ PATCH = Patch(
     ),
     kernel_module=None,
     order=35,
+    needs=(PRODUCER,),
+    pending_ok=(PRODUCER,),  # SGLang's function, which we intercept, is what imports aiter.fused_moe
     relies_on=relied_on.SGLANG_TAKEOVER,
     requires="sglang",
     precheck=_source_reason,

@@ -13,14 +13,17 @@ import ast
 import contextlib
 import logging
 from contextvars import ContextVar
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 from ..aiter_contract import mx_scale_shape, sort_buffer_sizes
-from ..declarations import Patch
+from ..core.declarations import Patch
 from . import moe_pipeline, relied_on
 from .moe_call import StageOneQuant
+
+# The types an extension implements live with the extensions (no circle between them and this patch);
+# re-exported here, where `aiter_patches.patches.sort_extension.SortExtension` has always been found.
+from ..extensions.api import SortCall, SortExtension, SortExtensionError  # noqa: F401
 
 log = logging.getLogger("aiter_patches")
 
@@ -39,40 +42,6 @@ class _Scope:
 
 
 _ACTIVE: ContextVar[tuple[_Scope, ...]] = ContextVar("aiter_patches_sort_extensions", default=())
-
-
-class SortExtensionError(ValueError):
-    """An extension returned outputs that do not have the shape, dtype or device AITER would allocate."""
-
-
-@dataclass(frozen=True)
-class SortCall:
-    """One ``_moe_sorting_impl`` call as an extension sees it: every parameter by name, read-only."""
-
-    arguments: Mapping[str, Any]
-
-
-class SortExtension:
-    """Base class of a sort extension. Override :meth:`sort`; optionally :meth:`after_sort` and :meth:`close`.
-
-    ``sort(call)`` returns None to decline, or AITER's five sort outputs
-    ``(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf)``,
-    optionally with a sixth item ``(data, scale)``: the stage-1 MX quant of the
-    activations, which ``fused_moe``'s stage-1 quant helper then returns as is.
-    """
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__
-
-    def sort(self, call: SortCall):
-        return None
-
-    def after_sort(self, call: SortCall, outputs: tuple) -> None:
-        """Called after each sort this scope saw, whoever produced it (on the current stream)."""
-
-    def close(self) -> None:
-        """Called when the scope exits, also on exceptions: flush work that no call took."""
 
 
 @contextlib.contextmanager

@@ -28,9 +28,9 @@ def test_presets_state_the_published_shapes():
 
 
 def test_shapes_parser_names_the_bad_field():
-    s = presets.parse_shapes("experts=64/65,topk=6/7,hidden=2048,tokens=512,quant=fp4,ep=on,buf=zero,gemm=256:512")
+    s = presets.parse_shapes("experts=64/65,topk=6/7,hidden=2048,tokens=512,quant=fp4,ep=on,buf=zero")
     assert s.routing == ((64, 6), (65, 7)) and s.max_tokens == 512 and s.quants == ("fp4",)
-    assert s.gemm_nk == ((256, 512),) and s.ep_modes == ("on",)
+    assert s.ep_modes == ("on",)
     for bad, msg in [("experts=8,topk=2", "needs hidden"), ("experts=8,topk=2,hidden=64,quant=int4", "quant=int4"),
                      ("experts=8,topk=2,hidden=64,colour=red", "unknown key"), ("experts=x,topk=2,hidden=6", "integer")]:
         with pytest.raises(ValueError, match=msg):

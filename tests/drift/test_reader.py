@@ -4,7 +4,6 @@ import ast
 import json
 import sys
 import tarfile
-import textwrap
 import zipfile
 
 import pytest
@@ -13,13 +12,7 @@ from aiter_patches import cli, drift
 from aiter_patches.registry import Patch, SourcePin, Target, patches
 from aiter_patches.signatures import Pin, match
 
-
-def write_tree(root, files):
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return root
+from .trees import tree_from_builtin_pins, write_tree
 
 
 def one_patch(module, attr, *pin_texts, relies_on=()):
@@ -175,20 +168,6 @@ def test_class_method_qualname(tmp_path):
 
 
 # ---------------------------------------------------------------- the command
-
-
-def tree_from_builtin_pins(root):
-    """A tree whose targets are exactly the builtin pins (the latest of each target)."""
-    defs: dict[str, dict[str, str]] = {}
-    for p in patches():
-        for t in p.targets:
-            defs.setdefault(t.module, {})[t.attr] = f"def {t.attr}{t.pins[-1].text}: ...\n"
-        for sp in p.relies_on:
-            defs.setdefault(sp.module, {}).setdefault(sp.qualname, f"def {sp.qualname}(): ...\n")
-    files = {"aiter/__init__.py": "", "aiter/ops/__init__.py": ""}
-    for mod, fns in defs.items():
-        files[mod.replace(".", "/") + ".py"] = "".join(fns.values())
-    return write_tree(root, files)
 
 
 def test_cli_exit_0_when_everything_matches(tmp_path, capsys):

@@ -7,7 +7,8 @@ import wrapt
 
 import aiter_patches
 from aiter_patches import foreign_layers, registry
-from aiter_patches.testing import use_stub_aiter
+from aiter_patches.core import state as core_state
+from helpers.standin import use_stub_aiter
 
 MX = "moe_sort_mx_quant"
 HERE = __name__
@@ -97,7 +98,7 @@ def test_the_unreached_sort_reason_names_the_layer_that_took_it(fm):
 
 def test_unwrap_foreign_restores_by_identity_only(fm):
     aiter_patches.apply()
-    chain = registry._chains[("aiter.fused_moe", "_moe_sorting_impl")]
+    chain = core_state.chains[("aiter.fused_moe", "_moe_sorting_impl")]
     layer = wraps_layer(chain.current)
     fm._moe_sorting_impl = layer
     assert registry.unwrap_foreign("aiter.fused_moe", "_moe_sorting_impl", lambda v: False) == []

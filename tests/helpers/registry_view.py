@@ -10,7 +10,9 @@ installed: ``expected_on_stand_in()`` says so.
 from __future__ import annotations
 
 from aiter_patches import registry
-from aiter_patches.testing import stand_in_has
+from aiter_patches.core import env
+from aiter_patches.core.apply import installed
+from helpers.standin import stand_in_has
 
 
 def names() -> list[str]:
@@ -20,6 +22,17 @@ def names() -> list[str]:
 
 def patch(name: str):
     return next(p for p in registry.patches() if p.name == name)
+
+
+def with_needs(name: str) -> list[str]:
+    """``name`` and every patch it needs, transitively (``apply([name])`` applies them all), in declared order."""
+    todo, found = [name], set()
+    while todo:
+        n = todo.pop()
+        if n not in found:
+            found.add(n)
+            todo.extend(patch(n).needs)
+    return [n for n in names() if n in found]
 
 
 def modules(name: str) -> list[str]:
@@ -54,14 +67,12 @@ def expected_before_import() -> dict[str, str]:
 
 def opt_in_off(name: str) -> bool:
     """A server integration the switch (AITER_PATCHES_INTEGRATIONS) leaves off: disabled whatever is installed."""
-    from aiter_patches.integrations import switch
-
-    return name in switch.not_switched_on(registry.patches())
+    return name in env.not_switched_on(registry.patches())
 
 
 def _requires_missing(name: str) -> bool:
     req = patch(name).requires
-    return req is not None and not registry._installed(req)
+    return req is not None and not installed(req)
 
 
 def outermost_at(location: str) -> str:

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from aiter_patches.testing import use_stub_aiter
+from helpers.standin import use_stub_aiter
 from helpers import registry_view
 
 
@@ -27,7 +27,7 @@ def device():
 @pytest.fixture
 def launches(stub, monkeypatch):
     """Every launch of the stand-in's block-scale GEMM kernel: ('memset',) for a split-K zero fill, ('gemm', splits)."""
-    from aiter_patches.kernels import blockscale_gemm_splitk as kernel
+    from aiter_patches_standin import blockscale_gemm_splitk as kernel
 
     seen = []
     original = kernel.run_plan  # every one-launch call: the API's and the out_zeroed gates' kept-plan hits alike

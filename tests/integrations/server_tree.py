@@ -13,10 +13,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def find(tree: ast.Module, qualname: str) -> ast.AST | None:
+    """The ``def`` named ``qualname`` (``f`` or ``Class.method``) at module level of ``tree``."""
+    body: list[ast.stmt] = tree.body
+    node = None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            return None
+        body = getattr(node, "body", [])
+    return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+
+
 def segment(text: str, qualname: str) -> str:
     """The source of ``qualname`` in ``text`` (decorators included), as the wheel has it."""
-    from aiter_patches.integrations.source_gate import find
-
     node = find(ast.parse(text), qualname)
     assert node is not None, f"{qualname} not in the wheel"
     first = min([node.lineno] + [d.lineno for d in node.decorator_list])

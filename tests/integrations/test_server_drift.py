@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from aiter_patches import drift
-from aiter_patches.integrations import server_drift
 
 from .sglang_tree import wheel, write_tree
 
@@ -42,7 +41,7 @@ def test_a_drifted_copy_is_reported(tmp_path):
         return src
 
     root = write_tree(tmp_path / "drifted", edit)
-    report = server_drift.check(server_drift.open_server(root))
+    report = drift.check(drift.open_server(root))
     status = {t.target.rsplit(".", 1)[-1]: (t.status, t.reason) for t in report.targets if t.patch == FOLD}
     assert status["forward_normal"][0] == "drift" and "extra parameter 'x=1'" in status["forward_normal"][1]
     assert status["_forward_shared_experts"][0] == "match"
@@ -57,7 +56,7 @@ def test_a_drifted_copy_is_reported(tmp_path):
 def test_not_a_server_source(tmp_path):
     (tmp_path / "x.whl").write_bytes(b"not a zip")
     with pytest.raises(drift.SourceUnreadable):
-        server_drift.open_server(tmp_path / "x.whl")
+        drift.open_server(tmp_path / "x.whl")
     proc = _cli("--server", str(tmp_path))
     assert proc.returncode == 2 and "no sglang/ or vllm/ package" in proc.stderr
 
@@ -66,3 +65,22 @@ def test_the_text_report_names_the_server_it_read():
     proc = _cli("--server", str(wheel()))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0].startswith(f"sglang: {wheel()}"), proc.stdout.splitlines()[0]
+
+
+def test_the_servers_are_the_packages_the_patches_target(tmp_path):
+    """The reader names no server: a patch on another server's code is checked the same way."""
+    from aiter_patches.registry import Patch, Target
+    from aiter_patches.signatures import Pin
+
+    assert drift.server_packages() == ("sglang", "vllm")
+    toy = Patch("toy_server", "t", (Target("tgi.layers", "Layer.forward", (Pin("p", "(self, x)"),),
+                                           lambda fn, site: fn),))
+    assert drift.server_packages([toy]) == ("tgi",)
+    (tmp_path / "tgi").mkdir()
+    (tmp_path / "tgi" / "__init__.py").write_text("")
+    (tmp_path / "tgi" / "layers.py").write_text("class Layer:\n    def forward(self, x): ...\n")
+    report = drift.check(drift.open_server(tmp_path, ["tgi"]), [toy])
+    assert report.library == "tgi" and [(t.target, t.status) for t in report.targets] == [
+        ("tgi.layers.Layer.forward", "match")]
+    with pytest.raises(drift.SourceUnreadable, match="no sglang/ or vllm/ package"):  # not a registered one
+        drift.open_server(tmp_path)

@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aiter_patches
-from aiter_patches.checks import stand_in_moe_inputs
+from aiter_patches.checks import bf16_moe_inputs
 from aiter_patches.verify import suspended
 
 from .sglang_tree import importable, sglang_tree, write_tree  # noqa: F401  (fixture)
@@ -49,7 +49,7 @@ class FakeShared:
 
 def make_layer(device, **overrides):
     ds = sys.modules[MOD]
-    args = stand_in_moe_inputs(device, M=6, E=8, topk=2, dim=256, inter=128, quant="bf16", seed=7)
+    args = bf16_moe_inputs(device, M=6, E=8, topk=2, dim=256, inter=128, seed=7)
     g = torch.Generator().manual_seed(9)
     w_shared = (torch.randn(256, 256, generator=g) / 16).to(torch.bfloat16).to(device)
     layer = ds.DeepseekV2MoE.__new__(ds.DeepseekV2MoE)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from aiter_patches.checks import split_k_verdict
+from aiter_patches.checks import Provided, split_k_verdict
 
 DETAILS = dict(missing="not taken", taken_detail="taken, same bits", untaken_detail="not taken, AITER's result",
                bound_detail="asm took it")
@@ -16,8 +16,12 @@ def outputs():
     return ref, one_ulp
 
 
+# what the stand-in provides (its fast paths required, its splits added in a fixed order) and AMD's AITER (neither)
+STAND_IN, AITER = Provided(split_k_in_order=True, fast_paths_required=True), Provided()
+
+
 def verdict(patched, original, stand_in, taken):
-    return split_k_verdict(patched, original, stand_in=stand_in, taken=taken, **DETAILS)
+    return split_k_verdict(patched, original, aiter=STAND_IN if stand_in else AITER, taken=taken, **DETAILS)
 
 
 @pytest.mark.parametrize("stand_in, taken", [(True, True), (False, False)])

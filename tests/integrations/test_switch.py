@@ -3,7 +3,7 @@
 import pytest
 
 import aiter_patches
-from aiter_patches.integrations import switch
+from aiter_patches.core import env as switch
 
 NAME = "sglang_shared_expert_fold"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aiter_patches.integrations import server_drift
+from aiter_patches import drift
 
 from .vllm_tree import FILES, RUNNER, SHARED, members, write_tree
 
@@ -56,7 +56,7 @@ def test_a_drifted_copy_is_reported(tmp_path):
                                 "fused_output *= self.routed_scaling_factor * 1.0", 1)
         return text
 
-    report = server_drift.check(server_drift.open_server(write_tree(tmp_path / "drifted", edit)))
+    report = drift.check(drift.open_server(write_tree(tmp_path / "drifted", edit)))
     status = {t.target.rsplit(".", 2)[-2] + "." + t.target.rsplit(".", 1)[-1]: (t.status, t.reason)
               for t in report.targets if t.patch == FOLD}
     assert status["SharedExperts.forward"][0] == "drift" and "extra parameter 'x=1'" in status["SharedExperts.forward"][1]

@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aiter_patches
-from aiter_patches.checks import stand_in_moe_inputs
+from aiter_patches.checks import bf16_moe_inputs
 from aiter_patches.verify import suspended
 
 from .vllm_tree import importable, vllm_tree, write_tree  # noqa: F401  (fixture)
@@ -91,7 +91,7 @@ def parallel(**kw):
 
 def make_runner(device, cls=None, parallel_config=None, reduced=False, **overrides):
     mr, se = sys.modules[RUNNER], sys.modules[SHARED]
-    args = stand_in_moe_inputs(device, M=M, E=8, topk=2, dim=DIM, inter=128, quant="bf16", seed=7)
+    args = bf16_moe_inputs(device, M=M, E=8, topk=2, dim=DIM, inter=128, seed=7)
     w = (torch.randn(DIM, DIM, generator=torch.Generator().manual_seed(9)) / 16).to(torch.bfloat16).to(device)
     moe_config = types.SimpleNamespace(
         hidden_dim=DIM, dp_size=1, is_sequence_parallel=False, pcp_size=1, tp_size=1, ep_size=1, sp_size=1,

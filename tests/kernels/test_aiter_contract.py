@@ -9,7 +9,7 @@ import torch
 
 import aiter_patches
 from aiter_patches import aiter_contract as C
-from aiter_patches.kernels import blockscale_gemm_splitk as bg
+from aiter_patches_standin import blockscale_gemm_splitk as bg
 from aiter_patches.kernels import hip_blockscale_asm as hip
 from aiter_patches.kernels import moe_sort_mx_quant as k
 from aiter_patches.reference import blockscale_gemm as ref_gemm
@@ -77,7 +77,7 @@ def test_the_split_rule():
 
 def test_the_stand_in_sizes_its_sort_buffers_as_the_contract_says():
     """The stand-in plays AITER with its own copy of the formula: the two must agree."""
-    from aiter_patches.testing import use_stub_aiter
+    from helpers.standin import use_stub_aiter
 
     with use_stub_aiter():
         import aiter.fused_moe as fm

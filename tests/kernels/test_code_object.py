@@ -7,15 +7,18 @@ what differs. The altered copies are made in a temporary folder from the real fi
 
 import contextlib
 import logging
+import os
 import shutil
 import struct
 import threading
+import time
 
 import msgpack
 import pytest
 
 from aiter_patches.kernels import code_object as co
 from aiter_patches.kernels import hip_blockscale_asm as hb
+from helpers import code_object_files as cof
 from helpers.aiter_tree import ARCHS, code_object_root, gemm_kernel_dir
 
 TILES = (32, 48, 64, 80, 96, 128)
@@ -281,3 +284,126 @@ def test_a_failed_load_is_not_tried_again(aiter_root, monkeypatch):
     with pytest.raises(RuntimeError, match="hipModuleLoad failed"):
         launcher.function(1, path, cfg.knl_name, "gfx942")  # another device: its own load
     assert len(loads) == 2
+
+
+# ---------------------------------------------------------------- malformed metadata (issue 35 item 4)
+
+
+def _kernel0(change):
+    """A change of the first kernel's map, as a change of the whole metadata."""
+    return lambda meta: change(meta["amdhsa.kernels"][0])
+
+
+MALFORMED = {
+    ".args an integer": (_kernel0(lambda k: k.update({".args": 5})), ".args is an integer (5), expected a list"),
+    ".args a map": (_kernel0(lambda k: k.update({".args": {"C": 0}})), ".args is a map ({'C': 0}), expected a list"),
+    ".symbol an integer": (_kernel0(lambda k: k.update({".symbol": 7})), ".symbol is an integer (7), expected a string"),
+    "argument .name a list": (_kernel0(lambda k: k[".args"][0].update({".name": ["C"]})),
+                              ".args[0].name is a list (['C']), expected a string"),
+    "argument .offset a string": (_kernel0(lambda k: k[".args"][2].update({".offset": "16"})),
+                                  ".args[2].offset is a string ('16'), expected an integer >= 0"),
+    "argument .size negative": (_kernel0(lambda k: k[".args"][2].update({".size": -8})),
+                                ".args[2].size is -8, expected an integer >= 0"),
+    "argument .size a float": (_kernel0(lambda k: k[".args"][2].update({".size": 8.0})),
+                               ".args[2].size is a float (8.0), expected an integer >= 0"),
+    "argument .value_kind binary": (_kernel0(lambda k: k[".args"][2].update({".value_kind": b"by_value"})),
+                                    ".args[2].value_kind is binary data (b'by_value'), expected a string"),
+    "an .args entry a string": (_kernel0(lambda k: k[".args"].insert(1, "pad")),
+                                ".args[1] is a string ('pad'), expected a map"),
+    ".wavefront_size a boolean": (_kernel0(lambda k: k.update({".wavefront_size": True})),
+                                  ".wavefront_size is a boolean (True), expected an integer >= 0"),
+    ".kernarg_segment_size a string": (_kernel0(lambda k: k.update({".kernarg_segment_size": "256"})),
+                                       ".kernarg_segment_size is a string ('256'), expected an integer >= 0"),
+    ".max_flat_workgroup_size a list": (_kernel0(lambda k: k.update({".max_flat_workgroup_size": [256]})),
+                                        ".max_flat_workgroup_size is a list ([256]), expected an integer >= 0"),
+    ".reqd_workgroup_size of strings": (_kernel0(lambda k: k.update({".reqd_workgroup_size": ["256", 1, 1]})),
+                                        ".reqd_workgroup_size is ['256', 1, 1], expected 3 integers >= 0"),
+    ".reqd_workgroup_size a map": (_kernel0(lambda k: k.update({".reqd_workgroup_size": {"x": 256}})),
+                                   ".reqd_workgroup_size is a map ({'x': 256}), expected a list"),
+    "kernel .name a list": (_kernel0(lambda k: k.update({".name": [1]})),
+                            "amdhsa.kernels[0].name is a list ([1]), expected a string"),
+    "a kernel an integer": (lambda meta: meta["amdhsa.kernels"].insert(0, 3),
+                            "amdhsa.kernels[0] is an integer (3), expected a map"),
+    "amdhsa.kernels a map": (lambda meta: meta.update({"amdhsa.kernels": {"k": 1}}),
+                             "the metadata has no amdhsa.kernels list"),
+}
+
+
+def malformed(change):
+    """An alteration of a file's bytes: its metadata changed by `change(meta)` (any length)."""
+    def alter(data):
+        meta = cof.metadata(data)
+        change(meta)
+        return cof.with_metadata(data, meta)
+    return alter
+
+
+def test_a_rewritten_note_of_another_length_reads_as_the_original(aiter_root):
+    """The helper the malformed cases use: the same metadata, moved to a note at the end, is still accepted."""
+    cfg = kernel_for_tile(aiter_root, "gfx942", 64)
+    data = (gemm_kernel_dir(aiter_root, "gfx942") / cfg.co_name).read_bytes()
+    moved = cof.with_metadata(data, {**cof.metadata(data), "padding": "x" * 1000})
+    assert len(moved) > len(data) + 1000
+    assert co.layout_mismatch(co.parse_code_object(moved), cfg.knl_name, "gfx942", hb.LAUNCH_LAYOUT) is None
+
+
+@pytest.mark.parametrize("what", sorted(MALFORMED))
+def test_malformed_metadata_is_refused_naming_the_field(aiter_root, tmp_path, what, caplog, monkeypatch):
+    """A field of the wrong type is a refusal (CodeObjectError naming the file and the field), remembered
+    like any other: never a TypeError/AttributeError that the gate would not catch nor remember."""
+    change, says = MALFORMED[what]
+    cfg = kernel_for_tile(aiter_root, "gfx942", 32)
+    root = altered_tree(aiter_root, tmp_path, "gfx942", cfg, malformed(change))
+    path = str(gemm_kernel_dir(root, "gfx942") / cfg.co_name)
+    with pytest.raises(co.CodeObjectError) as exc:
+        co.read_code_object(path)
+    assert says in str(exc.value) and exc.value.path == path, str(exc.value)
+    reads = []
+    real_read = co.read_code_object
+    monkeypatch.setattr(co, "read_code_object", lambda p: reads.append(p) or real_read(p))
+    with caplog.at_level(logging.WARNING, logger="aiter_patches"):
+        reasons = {hb.code_object_reason(str(root), "gfx942", cfg) for _ in range(3)}
+    [reason] = reasons
+    assert reason.startswith(cfg.co_name + ": ") and says in reason, reason
+    assert reads == [path]  # refused once, remembered
+    assert len(caplog.records) == 1 and path in caplog.text
+
+
+def test_a_directory_or_a_fifo_in_place_of_a_code_object_is_refused_at_once(aiter_root, tmp_path):
+    """A FIFO would block the first GEMM call for good (open waits for a writer); a folder is no file."""
+    cfg = kernel_for_tile(aiter_root, "gfx942", 32)
+    root = altered_tree(aiter_root, tmp_path, "gfx942", cfg, lambda d: d)
+    path = gemm_kernel_dir(root, "gfx942") / cfg.co_name
+    path.unlink()
+    path.mkdir()
+    assert hb.code_object_reason(str(root), "gfx942", cfg) == f"{cfg.co_name}: not a regular file"
+    path.rmdir()
+    os.mkfifo(path)
+    hb._co_checks.clear()
+    found = []
+    reader = threading.Thread(target=lambda: found.append(hb.code_object_reason(str(root), "gfx942", cfg)), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # unblock the reader: a writer opens and closes the FIFO
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        pytest.fail("reading a FIFO blocked")
+    assert found == [f"{cfg.co_name}: not a regular file"]
+
+
+def test_overlapping_note_segments_are_read_in_bounded_time(aiter_root):
+    """Hundreds of PT_NOTE headers over one large note segment: each byte is read once, not once per header."""
+    cfg = kernel_for_tile(aiter_root, "gfx942", 32)
+    data = bytearray((gemm_kernel_dir(aiter_root, "gfx942") / cfg.co_name).read_bytes())
+    seg_at = len(data)
+    data += struct.pack("<III", 0, 0, 1) * 80_000  # empty notes of another type: 960 KB to walk
+    phnum = 300
+    phoff = len(data)
+    for i in range(phnum):  # each header: the segment from a different start (no two spans alike)
+        data += struct.pack("<IIQQQQQQ", 4, 4, seg_at + 12 * i, 0, 0, 12 * (80_000 - i), 0, 4)
+    struct.pack_into("<Q", data, 32, phoff)
+    struct.pack_into("<HH", data, 54, 56, phnum)
+    t0 = time.perf_counter()
+    with pytest.raises(co.CodeObjectError, match="note segments overlap"):
+        co.parse_code_object(bytes(data))
+    assert time.perf_counter() - t0 < 2

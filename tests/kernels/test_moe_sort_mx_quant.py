@@ -244,21 +244,65 @@ def test_row_quantized_in_group_tiles(monkeypatch, groups, one_step, defer):
     run(23, 4, 8, 16, N=224, qd=FP4, semantics="fused", nlt=torch.tensor([21], dtype=torch.int32, device=DEV))
 
 
+ROLES = {  # the row work in the routing programs (off), in data programs of its own (on), and their shares
+    "off": dict(ROLES_MAX_PAIRS=0, ROLES_PRESCANNED=False),
+    "on": dict(ROLES_MAX_PAIRS=2048, ROLES_PRESCANNED=True),
+    "div": dict(ROLES_MAX_PAIRS=2048, ROLES_PRESCANNED=True, ROUTE_SPLIT_DIV=4, DATA_MAX_GROUPS=2),
+    "loop": dict(ROLES_MAX_PAIRS=2048, ROLES_PRESCANNED=True, DATA_MAX_GROUPS=1 << 20, QUANT_ONE_STEP_GROUPS=0,
+                 QUANT_GROUPS=2),
+}
+
+
+def set_constants(monkeypatch, values):
+    for name, val in values.items():
+        monkeypatch.setattr(k, name, val)
+
+
+@pytest.mark.parametrize("roles", ["on", "off"])
 @pytest.mark.parametrize("defer", [True, False])
 @pytest.mark.parametrize("N,split,g_tile", [(3200, 2, 64), (4128, 2, 128), (4128, 4, 64)])
-def test_one_step_shares_over_column_slices(monkeypatch, defer, N, split, g_tile):
+def test_one_step_shares_over_column_slices(monkeypatch, roles, defer, N, split, g_tile):
     """One-step shares of 64-128 groups (the default path of 16-64 token decode at 7168 columns) over
     column slices: a partial last slice (100 groups in two 64-group shares; 129 groups: one group in
     the second 128-group share) and slices wholly past the row (129 groups in four 64-group shares),
-    with the math before or after the routing."""
+    with the math before or after the routing; the routing programs' shares, with the data in
+    programs of its own or not (split roles: the grid's column count adds the data programs)."""
+    set_constants(monkeypatch, ROLES[roles])
     monkeypatch.setattr(k, "ROW_SPLIT_PROGRAMS", 1)
     monkeypatch.setattr(k, "MIN_ROW_SPLIT", split)
     monkeypatch.setattr(k, "DEFER_QUANT_MATH", defer)
     p = k._batch_params(3, 4, 16, 4, k._next_pow2(N // 32), True, 96)
-    assert (p["split"], p["G_TILE"], p["QG"]) == (split, g_tile, g_tile)
+    assert (p["ROUTE_PROGRAMS"] or p["split"], p["G_TILE"], p["QG"]) == (split, g_tile, g_tile)
+    assert p["split"] == split + (p["fill_split"] if roles == "on" else 0)
     run(3, 4, 16, 16, N=N, qd=FP4, xkind="special")
     run(3, 4, 16, 32, N=N, qd=FP8, semantics="fused", nlt=torch.tensor([2], dtype=torch.int32, device=DEV))
     run(3, 4, 16, 16, N=N, qd=FP8NUZ, semantics="split", nlt=torch.tensor([9], dtype=torch.int32, device=DEV))
+
+
+@pytest.mark.parametrize("roles", list(ROLES))
+def test_split_roles(monkeypatch, roles):
+    """The row work in data programs of its own (``ROUTE_PROGRAMS`` > 0) or in the routing programs, with
+    several programs per row for each role, one-step and looped data shares: fewer local tokens (row ``T``'s
+    zero data row and the padding rows' zero scales, fused semantics), zero-weight tokens, special values,
+    ``moe_buf_init`` rows, and the prescanned launches (compact scales under split semantics)."""
+    set_constants(monkeypatch, ROLES[roles])
+    p = k._batch_params(3, 4, 16, 4, 32, True, 1024)
+    assert (p["ROUTE_PROGRAMS"] > 0) == (roles != "off")
+    run(3, 4, 16, 16, N=1024, qd=FP4, nlt=torch.tensor([2], dtype=torch.int32, device=DEV), semantics="fused")
+    run(5, 2, 8, 32, N=224, qd=FP8, xkind="special", init=True, nlt=torch.tensor([4], dtype=torch.int32, device=DEV))
+    ids, w = routing(6, 4, 16, "uniform", 7)
+    w[0] = 0.0
+    w[2, 1:] = 0.0
+    x = activations(6, 256)
+    for sem in ("fused", "split"):
+        res = k.moe_sort_mx_quant(ids, w, 16, 64, torch.bfloat16, 16, quant_input=x, quant_dtype=FP8NUZ,
+                                  quant_semantics=sem)
+        check(res, ids, w, 16, 16, x=x, qd=FP8NUZ, semantics=sem)
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
+    monkeypatch.setattr(k, "CHUNK_PAIRS", 16)
+    run(23, 4, 8, 16, N=224, qd=FP4, kind="bad", nlt=torch.tensor([19], dtype=torch.int32, device=DEV))
+    run(21, 3, 16, 32, N=224, qd=FP8, semantics="fused", init=True,
+        nlt=torch.tensor([17], dtype=torch.int32, device=DEV))
 
 
 DECODE_PATHS = {  # module constants that force each one-launch position method (name: path-variant)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from triton.runtime.jit import JITFunction
 
-from aiter_patches.kernels import blockscale_gemm_splitk as gemm
+from aiter_patches_standin import blockscale_gemm_splitk as gemm
 from aiter_patches.kernels import fast_launch as fl
 from aiter_patches.kernels import moe_sort_mx_quant as k
 from bench import fake_triton as ft

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import aiter_patches
-from aiter_patches.kernels import blockscale_gemm_splitk as gemm
+from aiter_patches_standin import blockscale_gemm_splitk as gemm
 from aiter_patches.kernels import moe_sort_mx_quant as k
-from aiter_patches.testing import import_stand_in_targets, use_stub_aiter
+from helpers.standin import import_stand_in_targets, use_stub_aiter
 
 
 @pytest.fixture

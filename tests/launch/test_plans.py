@@ -1,6 +1,6 @@
 """The kernel APIs' per-shape plans and prepared launches hand the launcher what Triton's own launch does.
 
-Plans (kernels/moe_sort_mx_quant.py, kernels/blockscale_gemm_splitk.py) keep, per call shape,
+Plans (kernels/moe_sort_mx_quant.py, the stand-in's blockscale_gemm_splitk.py) keep, per call shape,
 the allocation sizes, grids, scalars and constexprs; their launches go through
 ``fast_launch.Prepared``. On the fake driver (bench/fake_triton.py) each API call is made the
 ordinary way (fast launch off) and then twice with plans and direct launches on (the second
@@ -19,7 +19,7 @@ import pytest
 import torch
 from triton.runtime.jit import JITFunction
 
-from aiter_patches.kernels import blockscale_gemm_splitk as gemm
+from aiter_patches_standin import blockscale_gemm_splitk as gemm
 from aiter_patches.kernels import fast_launch as fl
 from aiter_patches.kernels import moe_sort_mx_quant as k
 from bench import fake_triton as ft
@@ -235,7 +235,7 @@ def test_gemm_plan_hits_launch_what_triton_launches(fake, M, splits, zero_out):
 
 
 def test_gemm_a_replaced_block_config_misses(fake, monkeypatch):
-    """bench_blockscale_gemm.py --tune swaps block_config per candidate: each must launch its own tiles."""
+    """A tuning sweep swaps block_config per candidate: each must launch its own tiles."""
     A, B, out, a_s, b_s = gemm_operands(16, 256, 1024)
     launched = []
     for bn in (64, 128):

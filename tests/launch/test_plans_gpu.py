@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiter_patches.kernels import blockscale_gemm_splitk as gemm
+from aiter_patches_standin import blockscale_gemm_splitk as gemm
 from aiter_patches.kernels import fast_launch as fl
 from aiter_patches.kernels import moe_sort_mx_quant as k
 

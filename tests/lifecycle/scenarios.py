@@ -27,7 +27,8 @@ sys.path.insert(0, str(HERE))
 
 import aiter_patches  # noqa: E402
 from aiter_patches import Patch, Pin, Target, registry  # noqa: E402
-from aiter_patches.testing import use_stub_aiter  # noqa: E402
+from aiter_patches.core import fork as core_fork  # noqa: E402
+from aiter_patches_standin import use as use_stub_aiter  # noqa: E402
 from bindings import Bindings, names  # noqa: E402
 from helpers import registry_view  # noqa: E402
 from helpers.polling import wait_until  # noqa: E402
@@ -45,8 +46,9 @@ def import_all() -> None:
 
 
 def alone(name: str) -> dict[str, str]:
-    """Expected states once only ``name`` was applied and every stand-in module is imported."""
-    return {n: registry_view.expected_on_stand_in()[n] if n == name else _off(n) for n in names()}
+    """Expected states once only ``name`` (with the patches it needs) was applied and every stand-in module is imported."""
+    applied = registry_view.with_needs(name)
+    return {n: registry_view.expected_on_stand_in()[n] if n in applied else _off(n) for n in names()}
 
 
 def inactive() -> dict[str, str]:
@@ -183,7 +185,7 @@ def case_apply_during_import() -> None:
         with use_stub_aiter():
             waiting = [m for m in stand_in_modules() if m not in sys.modules]
             if name is not None:
-                waiting = [m for m in waiting if m in registry_view.modules(name)]
+                waiting = [m for m in waiting if any(m in registry_view.modules(n) for n in registry_view.with_needs(name))]
             if not waiting:
                 continue  # this patch's modules come with `import aiter`: nothing is in progress
             held = BlockingImport(waiting[0])
@@ -272,7 +274,7 @@ def case_fork_while_the_lock_is_held() -> None:
     with use_stub_aiter():
         aiter_patches.apply()  # the patches on modules not imported yet are pending
         inside, release = threading.Event(), threading.Event()
-        slow_wait = getattr(registry, "_FORK_WAIT_S", 1.0) + 2
+        slow_wait = core_fork.FORK_WAIT_S + 2
 
         def slow_factory(inner, site):
             inside.set()

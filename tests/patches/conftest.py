@@ -5,9 +5,9 @@ import importlib
 import pytest
 import torch
 
-from aiter_patches.patches import moe_pipeline
-from aiter_patches.testing import use_stub_aiter
 from helpers import registry_view
+from helpers.moe_declared import checking
+from helpers.standin import use_stub_aiter
 
 
 @pytest.fixture
@@ -17,9 +17,9 @@ def stub(request):
     Its opus sort reports the multi-phase dispatch (two launches) at every size, so that the one-launch
     sort without a quant (which runs only where it saves launches) is exercised at these small shapes;
     tests of that rule itself are marked ``real_sort_launches``. The MoE features' steps run against
-    their declared plan fields (``moe_pipeline.checking()``): an undeclared access fails the test.
+    their declared plan fields (``helpers.moe_declared.checking()``): an undeclared access fails the test.
     """
-    with use_stub_aiter() as aiter, moe_pipeline.checking():
+    with use_stub_aiter() as aiter, checking():
         for module in sorted({m for n in registry_view.stand_in_names() for m in registry_view.modules(n)}):
             importlib.import_module(module)
         if request.node.get_closest_marker("real_sort_launches") is None:

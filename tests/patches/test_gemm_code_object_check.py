@@ -20,7 +20,9 @@ import aiter_patches
 from aiter_patches.kernels import code_object as co
 from aiter_patches.kernels import hip_blockscale_asm as hb
 from aiter_patches.reference.blockscale_gemm import shuffle_weight_16x16
+from helpers import code_object_files as cof
 from helpers.aiter_tree import code_object_root, gemm_kernel_dir
+from helpers.standin import gemm_default_backend
 
 NAME = "gemm_out_zeroed"
 MODULE = "aiter.ops.gemm_op_a8w8"
@@ -68,7 +70,7 @@ def rocm(stub, monkeypatch, tmp_path):
         def launch(self, fn, grid, args, stream):
             launches.append(grid)
 
-    monkeypatch.setattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    gemm_default_backend(monkeypatch)  # served as on AMD's AITER: its .co through HIP
     monkeypatch.setitem(sys.modules, "aiter.jit.core", types.SimpleNamespace(AITER_ASM_DIR=f"{tmp_path}/hsa/"))
     monkeypatch.setattr(hb, "available", lambda device, root: None)
     monkeypatch.setattr(hb, "gfx_of", lambda device: "gfx942")
@@ -132,6 +134,42 @@ def test_refused_code_object_hands_the_call_back_with_the_reason(rocm, stub, rea
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and ".wavefront_size is 32, the launcher expects 64" in warnings[0].getMessage()
     assert any(reason in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+
+
+MALFORMED = {  # issue 35 item 4: each raised TypeError/AttributeError from the check, on every call
+    ".args an integer": (lambda k: k.update({".args": 5}), ".args is an integer (5), expected a list"),
+    ".symbol an integer": (lambda k: k.update({".symbol": 7}), ".symbol is an integer (7), expected a string"),
+    "argument .name a list": (lambda k: k[".args"][0].update({".name": ["C"]}),
+                              ".args[0].name is a list (['C']), expected a string"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(MALFORMED))
+def test_malformed_metadata_is_a_remembered_refusal(rocm, stub, real_root, device, monkeypatch, what):
+    """Every call goes to AITER's original with the refusal counted; the file is read once."""
+    change, says = MALFORMED[what]
+
+    def alter(data):
+        meta = cof.metadata(data)
+        change(meta["amdhsa.kernels"][0])
+        return cof.with_metadata(data, meta)
+
+    cfg = copy_tree(real_root, rocm.root, device, alter=alter)
+    reads = []
+    real_read = co.read_code_object
+    monkeypatch.setattr(co, "read_code_object", lambda path: reads.append(path) or real_read(path))
+    A, B, A_scale, B_scale = operands(stub, device)
+    expected = torch.zeros(M, N, dtype=torch.bfloat16, device=device)
+    gemm(A, B, expected, A_scale, B_scale, splitK=SPLIT)
+    aiter_patches.apply([NAME])
+    for _ in range(3):
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
+        assert gemm(A, B, out, A_scale, B_scale, splitK=SPLIT, out_zeroed=True) is out
+        assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+    [(reason, n)] = stats()["fallback"].items()
+    assert n == 3 and reason.startswith(f"AITER's .co refused: {cfg.co_name}: kernel ") and says in reason, stats()
+    assert stats()["fast"] == 0 and stats()["errors"] == {}, stats()
+    assert rocm.loads == [] and reads == [str(gemm_kernel_dir(rocm.root, "gfx942") / cfg.co_name)]
 
 
 def test_split_one_never_reads_a_code_object(rocm, stub, real_root, device, monkeypatch):

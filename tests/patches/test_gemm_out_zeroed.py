@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import aiter_patches
-from aiter_patches.kernels import blockscale_gemm_splitk as kernel
 from aiter_patches.reference.blockscale_gemm import (
     a_scale_aiter_layout,
     a_scale_as_read_by_asm,
@@ -21,6 +20,8 @@ from aiter_patches.reference.blockscale_gemm import (
     shuffle_weight_16x16,
 )
 from aiter_patches.verify import suspended
+from aiter_patches_standin import blockscale_gemm_splitk as kernel
+from helpers.standin import gemm_default_backend
 
 NAME = "gemm_out_zeroed"
 MODULE = "aiter.ops.gemm_op_a8w8"
@@ -279,7 +280,7 @@ def test_real_aiter_branch_gates_operands_before_the_launch(stub, device, monkey
     M, N, K = 7, 256, 512
     A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=3)
     as_aiter_passes_it = A_scale.t().contiguous().view(M, K // 128)  # x_scale.T.contiguous().view(M, K/128)
-    monkeypatch.setattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    gemm_default_backend(monkeypatch)  # served as on AMD's AITER: its .co through HIP
     aiter_patches.apply([NAME])
     capture_error(lambda: gemm(A, Bs, zero_out(M, N, device), as_aiter_passes_it, B_scale, splitK=2,
                                out_zeroed=True))
@@ -313,7 +314,7 @@ def test_real_aiter_branch_plans_once_and_launches_without_memset(stub, device, 
         chosen.append(a)
         return kernel, 2
 
-    monkeypatch.setattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    gemm_default_backend(monkeypatch)  # served as on AMD's AITER: its .co through HIP
     monkeypatch.setattr(hb, "available", lambda device, root: None)
     monkeypatch.setattr(hb, "gfx_of", lambda device: "gfx942")
     monkeypatch.setattr(hb, "load_kernel_list", lambda root, gfx: [kernel])

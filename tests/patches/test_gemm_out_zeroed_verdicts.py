@@ -14,9 +14,10 @@ import torch
 
 import aiter_patches
 from aiter_patches import call_key
-from aiter_patches.kernels import blockscale_gemm_splitk as kernel
 from aiter_patches.patches import gemm_out_zeroed as patch
 from aiter_patches.verify import suspended
+from aiter_patches_standin import blockscale_gemm_splitk as kernel
+from helpers.standin import gemm_default_backend
 
 from .test_gemm_out_zeroed import bits, gemm, make_inputs, nan_out, stats, zero_out
 
@@ -43,7 +44,7 @@ def test_a_repeated_call_is_decided_once_and_keeps_the_bits(stub, fresh, device,
     expected = original(A, Bs, A_scale, B_scale, 2, device)
     decided = []
     real = patch._plan
-    monkeypatch.setattr(patch, "_plan", lambda bound: decided.append(1) or real(bound))
+    monkeypatch.setattr(patch, "_plan", lambda *a: decided.append(1) or real(*a))
     for _ in range(3):
         out = zero_out(M, N, device)
         assert gemm(A, Bs, out, A_scale, B_scale, splitK=2, out_zeroed=True) is out
@@ -53,7 +54,7 @@ def test_a_repeated_call_is_decided_once_and_keeps_the_bits(stub, fresh, device,
 
 
 @pytest.mark.parametrize("change", ["requires grad", "grad mode", "A_scale layout", "split", "bias",
-                                    "workspace cap", "stand-in flag", "keyword"])
+                                    "workspace cap", "backend", "keyword"])
 def test_a_change_of_what_the_gate_reads_is_decided_again(stub, fresh, device, monkeypatch, change):
     """After a hit, each change below must reach the gate again (its own reason, or a new verdict)."""
     M, N, K = 7, 256, 512
@@ -75,8 +76,8 @@ def test_a_change_of_what_the_gate_reads_is_decided_again(stub, fresh, device, m
         kw["bias"] = torch.zeros(1, N, device=device)
     elif change == "workspace cap":
         monkeypatch.setattr(kernel, "MAX_WORKSPACE_BYTES", kernel.workspace_bytes(M, N, 2) - 1)
-    elif change == "stand-in flag":
-        monkeypatch.setattr(sys.modules["aiter"], "IS_AITER_PATCHES_STAND_IN", False)
+    elif change == "backend":  # the stand-in's Triton backend, then AITER's .co (what AMD's AITER is served by)
+        gemm_default_backend(monkeypatch)  # served as on AMD's AITER: its .co through HIP
     elif change == "keyword":
         kw = {"splitK": 2, "kernelName": None}
     try:
@@ -92,7 +93,7 @@ def test_a_change_of_what_the_gate_reads_is_decided_again(stub, fresh, device, m
         "A_scale layout": "A_scale must occupy M*K/128 consecutive elements",
         "bias": "bias given",
         "workspace cap": "split-K workspace 2*7*256*4",
-        "stand-in flag": "A_scale is not a contiguous fp32 tensor",  # real AITER's branch: its own operand rule
+        "backend": "A_scale is not a contiguous fp32 tensor",  # AITER's .co backend: its own operand rule
     }.get(change)
     if expected is None:  # still a fast call, under a verdict of its own
         assert stats()["fast"] == 3 and reasons == {}, (change, stats())

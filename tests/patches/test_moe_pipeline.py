@@ -18,6 +18,7 @@ from aiter_patches import fused_moe_with_addend, registry
 from aiter_patches.extensions import DeferredWork, PrecomputedSort
 from aiter_patches.patches import moe_addend_fold, moe_call, moe_pipeline
 from aiter_patches.signatures import Binder
+from helpers import moe_declared
 
 from .test_addend_fold import addend_for, reference_with_accumulator_start
 from .test_moe_sort_mx_quant_patch import moe_inputs, same_bits
@@ -37,7 +38,7 @@ def stats():
 
 
 def test_declarations_name_real_fields_and_steps_name_real_methods():
-    fields = moe_pipeline.plan_fields()
+    fields = moe_declared.plan_fields()
     moe_patches = {p.name for p in registry.patches()
                    if any(t.wrap.__qualname__.startswith("wrapper.") and t.wrap.__module__ == moe_pipeline.__name__
                           for t in p.targets)}
@@ -64,13 +65,13 @@ def test_a_feature_writing_an_undeclared_field_fails(stub, device, monkeypatch):
     aiter_patches.apply([FOLD])
     fold = moe_pipeline.FEATURES[FOLD]
     monkeypatch.setattr(fold, "writes", fold.writes - {"call.moe_buf"}, raising=False)
-    with pytest.raises(moe_pipeline.UndeclaredField, match=r"'moe_addend_fold' writes call.moe_buf"):
+    with pytest.raises(moe_declared.UndeclaredField, match=r"'moe_addend_fold' writes call.moe_buf"):
         fm.fused_moe(**args, moe_addend=addend_for(args))
     monkeypatch.setattr(fold, "reads", fold.reads - {"sort.extensions"}, raising=False)
     monkeypatch.setattr(fold, "writes", type(fold).writes, raising=False)
-    with pytest.raises(moe_pipeline.UndeclaredField, match=r"'moe_addend_fold' reads sort.extensions"):
+    with pytest.raises(moe_declared.UndeclaredField, match=r"'moe_addend_fold' reads sort.extensions"):
         fm.fused_moe(**args, moe_addend=addend_for(args))
-    with moe_pipeline.checking(False):  # the check is what raised: unchecked, the same call runs
+    with moe_declared.checking(False):  # the check is what raised: unchecked, the same call runs
         fm.fused_moe(**args, moe_addend=addend_for(args))
 
 

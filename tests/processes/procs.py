@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aiter_patches.process_report import MARKER, read_log
-from aiter_patches.stub_aiter import STUB_ROOT
+from aiter_patches.process_report import MARKER
+from aiter_patches_standin import ROOT as STUB_ROOT
+from helpers.logs import read_log
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

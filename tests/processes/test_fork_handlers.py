@@ -15,6 +15,7 @@ def mkmod(name, body):
     with open(os.path.join(tmp, name + ".py"), "w") as f:
         f.write(body)
 from aiter_patches import registry
+from aiter_patches.core import state as core_state
 from aiter_patches.registry import Patch, Target
 from aiter_patches.signatures import Pin
 def factory(inner, site):
@@ -40,7 +41,7 @@ builtins.GO = True; t.join()
 pid = os.fork()
 if pid == 0:
     deadline = time.monotonic() + 5
-    while registry._states["p_slow"].state != "applied" and time.monotonic() < deadline:
+    while core_state.states["p_slow"].state != "applied" and time.monotonic() < deadline:
         time.sleep(0.01)
     import slowmod
     os._exit(0 if slowmod.f(1) == ("patched", 1) else 3)

@@ -10,8 +10,9 @@ import pytest
 
 import aiter_patches
 from aiter_patches import process_report
-from aiter_patches.testing import use_stub_aiter
+from helpers.standin import use_stub_aiter
 from helpers import registry_view
+from helpers.logs import read_log
 
 from .procs import ROOT
 
@@ -67,7 +68,7 @@ def test_one_summary_when_pending_patches_apply_at_import(fresh_report, caplog, 
     assert _listed("applied", _by_state(names, expected, "applied")) in after[-1]
     statuses = lines(caplog, process_report.MARKER)
     assert len(statuses) == len(after)
-    assert process_report.read_log(statuses) == [final]
+    assert read_log(statuses) == [final]
 
 
 def test_a_process_without_aiter_logs_at_debug_only(fresh_report, caplog):
@@ -109,7 +110,7 @@ def test_read_log_takes_the_last_line_per_pid_after_any_prefix():
         "[2025-01-02 TP0] " + status(10, "applied") + " trailing text",
         process_report.MARKER + json.dumps(["no", "pid"]),
     ]
-    got = process_report.read_log(log)
+    got = read_log(log)
     assert [(r["pid"], r["patches"][0]["state"]) for r in got] == [(10, "applied"), (11, "applied")]
 
 
@@ -151,13 +152,13 @@ def test_a_cut_status_line_followed_on_the_same_line_by_another_loses_neither(cu
         "INFO " + first[:cut] + "INFO " + _status(22, "pending"),  # 21's second line cut short, then 22's whole line
         "INFO " + _status(23) + " INFO " + _status(24),  # two whole lines run together
     ]
-    got = {r["pid"]: r["patches"][0]["state"] for r in process_report.read_log(log)}
+    got = {r["pid"]: r["patches"][0]["state"] for r in read_log(log)}
     assert got == {21: "applied", 22: "pending", 23: "applied", 24: "applied"}
 
 
 def test_a_record_that_swallows_the_next_marker_is_not_taken():
     swallowing = process_report.MARKER + '{"pid": 31, "patches": [], "title": "cut ' + _status(32) + '"}'
-    got = [r["pid"] for r in process_report.read_log([swallowing])]
+    got = [r["pid"] for r in read_log([swallowing])]
     assert got == [32]
 
 
@@ -175,7 +176,7 @@ def test_status_and_summary_lines_stay_under_the_atomic_pipe_write(fresh_report,
     assert len(written) == 2
     for line in written:
         assert len(("INFO " + line + "\n").encode()) <= 4096 - 512, len(line)
-    (back,) = process_report.read_log(written)
+    (back,) = read_log(written)
     assert back["condensed"] is True and back["pid"] == record["pid"]
     assert [(p["name"], p["state"]) for p in back["patches"]] == [(p["name"], p["state"]) for p in record["patches"]]
     assert "more)" in written[0], "the summary says how many aliases it left out"
@@ -274,7 +275,7 @@ def test_many_foreign_layers_keep_the_status_and_summary_lines_under_the_limit(t
         back = json.loads(line.removeprefix(process_report.MARKER))
         p = next(p for p in back["patches"] if p["name"] == "t_long")
         assert len(p["foreign_layers"]) + p["foreign_layers_more"] == 48
-        assert process_report.read_log([f"INFO {line}"])  # still a well-shaped record
+        assert read_log([f"INFO {line}"])  # still a well-shaped record
         summary = process_report.summary_line(record)
         assert len(summary.encode()) <= process_report.LINE_LIMIT
         assert "more)" in summary.split("; rebound aliases:")[0]

@@ -6,7 +6,7 @@ AITER source tree, then
 
 - replaces exactly the compiled ops ``fused_moe`` reaches, at the globals their
   callers look them up in, with the stand-in's torch kernels
-  (``aiter_patches/stub_aiter/aiter/ops/_leaf_kernels.py`` and ``moe_op.py``,
+  (``aiter_patches_standin/root/aiter/ops/_leaf_kernels.py`` and ``moe_op.py``,
   loaded under a private package name so they never pose as ``aiter``);
 - makes AITER's JIT module loader (``aiter.jit.core.get_module``,
   ``get_args_of_build``, ``build_module``: every ``@compile_ops`` op, pybind or
@@ -28,7 +28,7 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-STUB_OPS = REPO / "aiter_patches" / "stub_aiter" / "aiter" / "ops"
+STUB_OPS = REPO / "aiter_patches_standin" / "root" / "aiter" / "ops"
 
 CALLS: list[str] = []  # leaf calls, in order, of the current run
 TRIPPED: list[str] = []  # compiled modules something tried to load

@@ -259,7 +259,7 @@ def main(argv):
         gfx = argv[1]
         selected = argv[2:]
         os.environ["AITER_STUB_GFX"] = gfx
-        from aiter_patches.testing import use_stub_aiter
+        from aiter_patches_standin import use as use_stub_aiter
 
         scope = use_stub_aiter()  # held for the life of this process
         scope.__enter__()

@@ -4,7 +4,8 @@ import ast
 from pathlib import Path
 
 import aiter_patches
-from aiter_patches import declarations, registry, verify
+from aiter_patches import registry, verify
+from aiter_patches.core import declarations
 
 SOURCE = Path(declarations.__file__).read_text(encoding="utf-8")
 
@@ -27,7 +28,7 @@ def test_the_module_imports_only_pure_modules():
         elif isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)
     # .runtime only under TYPE_CHECKING (it holds locks); no torch, no AITER, no registry
-    assert imported == {"__future__", "dataclasses", "typing", ".signatures", ".runtime"}
+    assert imported == {"__future__", "dataclasses", "typing", "..signatures", "..runtime"}
     guarded = [n for n in tree.body if isinstance(n, ast.If)]
     assert [ast.unparse(n.test) for n in guarded] == ["TYPE_CHECKING"]
     assert all(isinstance(n, ast.ImportFrom) and n.module == "runtime" for n in guarded[0].body)

@@ -1,10 +1,13 @@
 """One yes/no rule for the environment, one text table, and the GEMM patch's typed launch plan."""
 
+import sys
+
 import pytest
 import torch
 
-from aiter_patches import auto, cli, drift, env_flags, registry, runtime, text_table
+from aiter_patches import auto, cli, drift, env_flags, runtime, text_table
 from aiter_patches.amd import report
+from aiter_patches.core import env
 from aiter_patches.kernels import fast_launch
 
 
@@ -18,7 +21,7 @@ def test_every_switch_reads_the_same_words(monkeypatch, word, yes, no):
     monkeypatch.setenv("AITER_PATCHES_STRICT", word)
     assert runtime.strict() is yes
     monkeypatch.setenv("AITER_PATCHES", word)
-    disabled, _ = registry._env_disabled(["a", "b"])
+    disabled, _ = env.disabled(["a", "b"])
     assert disabled == ({"a", "b"} if no else set())
     monkeypatch.setenv("AITER_PATCHES_FAST_LAUNCH", word)
     assert fast_launch._read_mode() == ("off" if no else "on")
@@ -33,7 +36,7 @@ def test_unset_switches_keep_their_defaults(monkeypatch):
     for name in ("AITER_PATCHES_STRICT", "AITER_PATCHES", "AITER_PATCHES_FAST_LAUNCH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(runtime, "_strict_override", None)
-    assert not runtime.strict() and registry._env_disabled(["a"])[0] == set() and fast_launch._read_mode() == "on"
+    assert not runtime.strict() and env.disabled(["a"])[0] == set() and fast_launch._read_mode() == "on"
     monkeypatch.setenv("AITER_PATCHES_FAST_LAUNCH", " Verify")
     assert fast_launch._read_mode() == "verify"
 
@@ -53,13 +56,13 @@ def test_one_table_no_trailing_space_and_every_command_prints_it():
     assert text_table.lines(["patch", "state", "detail"], [list(r.values()) for r in ROWS]) == want
     assert cli._table(ROWS, ["patch", "state", "detail"]) == "\n".join(want)
     assert report.table(ROWS, ["patch", "state", "detail"]) == "\n".join(want)
-    assert drift._table([list(r.values()) for r in ROWS], ["patch", "state", "detail"]) == want
+    assert drift.render._table([list(r.values()) for r in ROWS], ["patch", "state", "detail"]) == want
     assert cli._table([], ["patch"]) == "(none)" and report.table([]) == "(no variants)"
 
 
 def test_the_gemm_plan_is_a_typed_result_on_the_stand_in():
     from aiter_patches.patches import gemm_out_zeroed as g
-    from aiter_patches.testing import use_stub_aiter
+    from helpers.standin import use_stub_aiter
 
     with use_stub_aiter():
         import aiter.ops.gemm_op_a8w8  # noqa: F401
@@ -67,6 +70,6 @@ def test_the_gemm_plan_is_a_typed_result_on_the_stand_in():
         M, N, K = 4, 128, 128  # one 128-wide K tile: split 1, AITER launches no memset
         bound = dict(A=torch.empty(M, K), B=torch.empty(N, K), out=torch.empty(M, N),
                      A_scale=torch.empty(M, 1), B_scale=torch.empty(1, 1), splitK=None)
-        plan = g._plan(bound)
+        plan = g._plan(bound, g.backend_for(sys.modules["aiter"]))
     assert plan == g.HandBack("split count 1: the original launches no memset")
-    assert not isinstance(plan, (g.AsmLaunch, g.TritonLaunch))
+    assert not isinstance(plan, g.Launch)

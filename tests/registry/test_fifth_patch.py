@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 
 import aiter_patches
+import aiter_patches_standin
 
 PACKAGE = Path(aiter_patches.__file__).parent
+STAND_IN = Path(aiter_patches_standin.__file__).parent
 TESTS = Path(__file__).resolve().parents[1]
 
 PINS = '''
@@ -33,7 +35,7 @@ PATCH_MODULE = '''"""Patch: ``gelu_and_mul`` through the toy kernel (README "Add
 
 from __future__ import annotations
 
-from ..declarations import CheckResult, Patch, Target
+from ..core.declarations import CheckResult, Patch, Target
 from . import pins
 
 NAME = "toy_gelu_mul"
@@ -130,7 +132,7 @@ def test_toy_kernel_equals_its_reference():
 PROBE = r'''
 import json
 from aiter_patches import drift, registry, signatures_doc, verify
-from aiter_patches.stub_aiter import STUB_ROOT
+from aiter_patches_standin import ROOT as STUB_ROOT
 from helpers import registry_view
 
 out = {"package": registry.__file__, "names": registry_view.names(), "on_stand_in": registry_view.stand_in_names(),
@@ -155,6 +157,7 @@ def tree_files(root: Path) -> dict[str, Path]:
 def test_a_fifth_patch_needs_five_files_and_nothing_else(tmp_path):
     copy = tmp_path / "src" / "aiter_patches"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(STAND_IN, copy.parent / STAND_IN.name, ignore=shutil.ignore_patterns("__pycache__"))  # beside it
     (copy / "patches" / "pins.py").write_text((copy / "patches" / "pins.py").read_text() + PINS)
     (copy / "patches" / "toy_gelu_mul.py").write_text(PATCH_MODULE)
     (copy / "kernels" / "toy_gelu_mul.py").write_text(KERNEL)

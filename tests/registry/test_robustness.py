@@ -18,8 +18,10 @@ import wrapt
 import aiter_patches
 from helpers.polling import wait_until
 from aiter_patches import Patch, PatchSkipped, Pin, Target, registry
-from aiter_patches.testing import use_stub_aiter
+from helpers.standin import use_stub_aiter
 from helpers import registry_view
+from helpers.live import live_bindings
+from aiter_patches.core import state as core_state
 
 from . import fakelib
 from .test_registry import GOOD_PIN, bindings, lib, tagging  # noqa: F401  (lib is a fixture)
@@ -237,8 +239,8 @@ def test_applying_another_patch_on_the_target_keeps_a_foreign_wrapper(lib, caplo
     assert any(f"{pkg}.core.target" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert sys.modules[pkg].target(1) == ("t_first_g", ("t_second_g", ("orig", 1, 1))), "our own aliases are rebuilt"
     assert core.target(1) == ("foreign", ("t_first_g", ("orig", 1, 1)))
-    assert registry.live_bindings("t_second_g")[f"{pkg}.core.target"] == "foreign"
-    assert registry.live_bindings("t_second_g")[f"{pkg}.target"] == "ours"
+    assert live_bindings("t_second_g")[f"{pkg}.core.target"] == "foreign"
+    assert live_bindings("t_second_g")[f"{pkg}.target"] == "ours"
     registry.revert()
     assert core.target is foreign and core.target(1) == ("foreign", ("orig", 1, 1))
 
@@ -324,8 +326,8 @@ def test_an_import_in_flight_that_fails_leaves_the_patch_pending_for_the_retry(s
     gate.proceed.set()
     t.join(30)
     assert errors and f"{pkg}.slow" not in sys.modules
-    assert wait_until(lambda: not registry._watches.get(f"{pkg}.slow") or all(
-        w.kind == "missing" for w in registry._watches[f"{pkg}.slow"]))
+    assert wait_until(lambda: not core_state.watches.get(f"{pkg}.slow") or all(
+        w.kind == "missing" for w in core_state.watches[f"{pkg}.slow"]))
     assert state("t_slow")["state"] == "pending"
     path.write_text(SLOW_MODULE.format(gate=gate.__name__))
     importlib.invalidate_caches()
@@ -418,11 +420,11 @@ def test_live_bindings_reads_a_class_method_target():
     try:
         aiter_patches.apply(["t_class_method"])
         assert Layer().forward(1) == ("t_class_method", ("orig", 1))
-        assert registry.live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "ours"}
+        assert live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "ours"}
         Layer.forward = foreign_wraps(Layer.forward)
-        assert registry.live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "foreign"}
+        assert live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "foreign"}
         Layer.forward = original
-        assert registry.live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "original"}
+        assert live_bindings("t_class_method") == {f"{mod.__name__}.Layer.forward": "original"}
     finally:
         registry.revert(["t_class_method"])
         registry.unregister("t_class_method")

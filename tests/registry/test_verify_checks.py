@@ -4,9 +4,10 @@ import sys
 
 import pytest
 
-from aiter_patches import declarations, testing, verify
+from aiter_patches import verify
+from aiter_patches.core import declarations
 from aiter_patches.patches import gemm_out_zeroed
-from helpers import registry_view
+from helpers import registry_view, standin
 
 
 def test_every_patch_that_applies_on_the_stand_in_declares_a_check_verify_can_call():
@@ -22,7 +23,7 @@ def test_a_check_declared_as_a_function_is_the_one_beside_its_patch():
 
 
 def test_a_check_named_by_module_and_function_is_imported_when_resolved():
-    fn = verify.resolve_check("aiter_patches.declarations:CheckResult")
+    fn = verify.resolve_check("aiter_patches.core.declarations:CheckResult")
     assert fn is declarations.CheckResult
 
 
@@ -35,7 +36,7 @@ def test_a_malformed_check_name_says_what_to_declare(bad):
 def test_the_stand_in_targets_imported_are_the_registrys():
     expected = sorted({m for n in registry_view.names() for m in registry_view.modules(n)
                        if registry_view.on_stand_in(m)})
-    with testing.use_stub_aiter():
-        assert testing.import_stand_in_targets() == expected
+    with standin.use_stub_aiter():
+        assert standin.import_stand_in_targets() == expected
         assert all(m in sys.modules for m in expected)
-    assert expected and not testing.stand_in_has("sglang") and testing.stand_in_has("aiter.ops.gemm_op_a8w8")
+    assert expected and not standin.stand_in_has("sglang") and standin.stand_in_has("aiter.ops.gemm_op_a8w8")

@@ -193,11 +193,10 @@ def test_serving_loop_says_it_needs_a_gpu(tmp_path):
 def test_bench_rows_are_the_docs_bench_shapes():
     sys.path.insert(0, str(REPO))
     bv = load("bench/bench_vs_aiter_rocm.py")
-    from bench import bench_blockscale_gemm as g
     from bench import bench_moe_sort_quant as s
 
     assert bv.sort_rows(False) == [(E, K, N, M) for E, K, N in s.MODELS for M in s.DECODE + s.PREFILL]
-    assert bv.gemm_rows(False) == [(M, N, K) for N, K in g.SHAPES for M in g.MS]
+    assert bv.gemm_rows(False) == [(M, N, K) for N, K in bv.GEMM_SHAPES for M in bv.GEMM_MS]
     assert bv.main(["--dry-run", "--quick"]) == 0
 
 

@@ -11,8 +11,9 @@ import pytest
 
 import aiter_patches
 from aiter_patches import registry, stats_log
-from aiter_patches.stub_aiter import STUB_ROOT
-from aiter_patches.testing import use_stub_aiter
+from aiter_patches_standin import ROOT as STUB_ROOT
+from helpers.logs import read_stats
+from helpers.standin import use_stub_aiter
 
 MX = "moe_sort_mx_quant"
 
@@ -42,7 +43,7 @@ def test_one_info_line_per_applied_patch_with_its_counts(applied, caplog):
         stats_log.log_stats("exit")
     records = [r for r in caplog.records if r.getMessage().startswith(stats_log.MARKER)]
     assert records and all(r.levelno == logging.INFO for r in records)
-    got = {r["patch"]: r for r in stats_log.read_stats(r.getMessage() for r in records)}
+    got = {r["patch"]: r for r in read_stats(r.getMessage() for r in records)}
     applied_names = {p["name"] for p in aiter_patches.status()["patches"] if p["state"] == "applied"}
     assert set(got) == applied_names and "sglang_takeover" not in got
     assert got[MX]["fast"] == 3 and got[MX]["at"] == "exit"
@@ -93,6 +94,7 @@ SCRIPT = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     import aiter_patches
     from aiter_patches import registry
+    from aiter_patches.core import state as core_state
     aiter_patches.apply()
     import aiter.fused_moe
     c = registry.counters("moe_sort_mx_quant")
@@ -111,7 +113,7 @@ SCRIPT = textwrap.dedent("""
         import threading
         held, done = threading.Event(), threading.Event()
         def hold():
-            with registry._lock, c._lock:
+            with core_state.lock, c._lock:
                 held.set(); done.wait()
         threading.Thread(target=hold, daemon=True).start()
         held.wait()
@@ -195,7 +197,7 @@ def test_status_from_log_sums_the_latest_line_of_each_process(tmp_path):
     ])
     path = tmp_path / "server.log"
     path.write_text(log)
-    sums = stats_log.summed(stats_log.read_stats(log.splitlines()))
+    sums = stats_log.summed(read_stats(log.splitlines()))
     assert sums[MX]["fast"] == 17 and sums[MX]["processes"] == 2
     assert sums[MX]["fallback"] == {"a": 5, "b": 1}
     assert sums[MX]["foreign_layers"] == ["outer layer x on aiter.fused_moe.fused_moe"]

@@ -85,7 +85,7 @@ def run_sglang_patch():
 @pytest.fixture
 def stub():
     """The stand-in ``aiter`` with ``aiter.fused_moe`` imported; no patch applied."""
-    from aiter_patches.testing import use_stub_aiter
+    from helpers.standin import use_stub_aiter
 
     with use_stub_aiter() as aiter:
         import aiter.fused_moe  # noqa: F401

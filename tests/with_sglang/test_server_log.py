@@ -5,14 +5,14 @@ import subprocess
 import sys
 import textwrap
 
-from aiter_patches.stub_aiter import STUB_ROOT
+from aiter_patches_standin import ROOT as STUB_ROOT
 
 from helpers import registry_view
 from processes.procs import ROOT, run_cmd
 
 SCRIPT = textwrap.dedent("""
     import torch
-    from aiter_patches.testing import use_stub_aiter  # noqa: F401  (the stand-in is first on PYTHONPATH)
+    from aiter_patches_standin import use as use_stub_aiter  # noqa: F401  (the stand-in is first on PYTHONPATH)
     import aiter
     from tests.with_sglang.test_sglang_takeover import fused_moe, inputs
     from tests.with_sglang.conftest import run_sglang_patch

@@ -13,6 +13,7 @@ import torch
 
 import aiter_patches
 from aiter_patches import process_report, registry, stats_log
+from aiter_patches.core import state as core_state
 from aiter_patches.patches import sglang_takeover
 
 from .conftest import MODULE, run_sglang_patch, sglang_importable
@@ -172,7 +173,7 @@ def test_takeover_applied_after_sglang_wrapped_ours_unwraps_by_identity(stub, sg
         monkeypatch.delenv("AITER_PATCHES_DISABLE")
         assert aiter_patches.apply([TAKEOVER])[TAKEOVER]["state"] == "applied"
         for attr in ("fused_moe", "_moe_sorting_impl", "fused_dynamic_mxfp8_quant_moe_sort"):
-            assert getattr(fm, attr) is registry._chains[("aiter.fused_moe", attr)].current
+            assert getattr(fm, attr) is core_state.chains[("aiter.fused_moe", attr)].current
         assert layers(MX) == []
         assert stats(TAKEOVER)["fallback"] == {
             "SGLang's patch ran before the take-over; its wrappers over ours were taken off at "
@@ -196,7 +197,7 @@ def test_takeover_applied_after_sglang_wrapped_ours_unwraps_by_identity(stub, sg
 def test_takeover_imports_aiter_fused_moe_when_sglang_calls_first(sglang_root):
     """apply() before `import aiter.fused_moe`: SGLang's call imports it (as its own function would) and
     finds moe_sort_mx_quant applied by then."""
-    from aiter_patches.testing import use_stub_aiter
+    from helpers.standin import use_stub_aiter
 
     with use_stub_aiter(), sglang_importable(sglang_root):
         import sys
@@ -216,10 +217,12 @@ def test_without_our_sort_sglangs_patch_runs(stub, sglang_root, monkeypatch):
     with sglang_importable(sglang_root):
         import sglang.kernels.ops.moe.moe_sorting_small  # noqa: F401
 
-        aiter_patches.apply()
+        report = aiter_patches.apply()
+        # declared need (issue 31): skipped at apply(), no longer a call-time fallback of an applied take-over
+        assert report[TAKEOVER]["state"] == "skipped"
+        assert report[TAKEOVER]["reason"] == f"needs {MX}, which is disabled: disabled by AITER_PATCHES_DISABLE"
         run_sglang_patch()
-        assert stats(TAKEOVER) == {"fast": 0, "fallback": {f"{MX} is disabled: SGLang's patch installed": 1},
-                                   "errors": {}}
+        assert stats(TAKEOVER) == {"fast": 0, "fallback": {}, "errors": {}}
         assert fm._moe_sorting_impl.__globals__["__name__"] == MODULE
 
 
@@ -281,7 +284,7 @@ def test_sglang_module_imported_before_apply(stub, sglang_root):
         assert aiter_patches.apply()[TAKEOVER]["state"] == "applied"  # at once: the module is there
         run_sglang_patch()
         assert stats(TAKEOVER) == {"fast": 1, "fallback": {}, "errors": {}}
-        assert fm._moe_sorting_impl is registry._chains[("aiter.fused_moe", "_moe_sorting_impl")].current
+        assert fm._moe_sorting_impl is core_state.chains[("aiter.fused_moe", "_moe_sorting_impl")].current
 
 
 def test_off_gfx95_the_call_is_sglangs_own_and_counted_so(stub, sglang_root, monkeypatch):
@@ -293,4 +296,4 @@ def test_off_gfx95_the_call_is_sglangs_own_and_counted_so(stub, sglang_root, mon
         run_sglang_patch()
         assert stats(TAKEOVER) == {"fast": 0, "fallback": {"not gfx95: SGLang's patch installs nothing here": 1},
                                    "errors": {}}
-        assert fm._moe_sorting_impl is registry._chains[("aiter.fused_moe", "_moe_sorting_impl")].current
+        assert fm._moe_sorting_impl is core_state.chains[("aiter.fused_moe", "_moe_sorting_impl")].current

@@ -5,7 +5,8 @@ op ``_gemm_a8w8_blockscale_bpreshuffle_asm`` (line 377). Under that op, AITER's 
 launcher (``csrc/py_itfs_cu/asm_a8w8_blockscale_bpreshuffle.cu``) checks the
 shapes, picks the tile and split count, memsets ``out`` when the split count is
 above one, and launches the ``.co`` kernel whose splits add atomically. The
-stand-in does the same with the Triton split-K kernel of ``aiter_patches``.
+stand-in does the same with its Triton split-K kernel (``aiter_patches_standin.blockscale_gemm_splitk``,
+whose splits add in a fixed order).
 
 ``gemm_a8w8_blockscale_bpreshuffle`` (AITER line 909) is the dispatcher servers call:
 it takes ``out`` (or allocates ``Y``), looks the shape up in its tuned config and calls
@@ -68,7 +69,7 @@ def _gemm_a8w8_blockscale_bpreshuffle_asm(
     zero_bias_buf: Tensor | None = None,
 ) -> None:
     """AITER line 377 (the op) and its C++ launcher: check, choose the split, memset when split, launch."""
-    from aiter_patches.kernels import blockscale_gemm_splitk as kernel
+    from aiter_patches_standin import blockscale_gemm_splitk as kernel
     from aiter_patches.reference.blockscale_gemm import a_scale_as_read_by_asm
 
     if bias is not None:

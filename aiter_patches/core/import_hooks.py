@@ -1,6 +1,6 @@
 """Knowing when a module has finished executing, without executing anything ourselves.
 
-The registry applies a pending patch the moment its AITER module is ready.
+The core applies a pending patch the moment its AITER module is ready.
 A module in ``sys.modules`` is not always ready: another thread may be in the
 middle of importing it (its attributes do not exist yet), or it may be a
 ``importlib.util.LazyLoader`` module whose code has not run (touching any
@@ -21,7 +21,7 @@ changes:
 
 The state is guarded by one plain lock, never held while calling out, and
 replaced in a forked child (a thread of the parent may have held it) by the
-registry's single fork handler, which restarts the waiter threads only after
+core's single fork handler (``fork.py``), which restarts the waiter threads only after
 every lock of the package is fresh.
 """
 
@@ -255,19 +255,19 @@ def _wait(w: Watch) -> None:
             _waiters.remove(w)
     try:
         w._fire(False)
-    except Exception:  # the registry logs its own problems; nothing may escape a helper thread
+    except Exception:  # the core logs its own problems; nothing may escape a helper thread
         log.debug("aiter_patches: a call-back after the import of %s raised", w.name, exc_info=True)
 
 
 def renew_lock_after_fork() -> None:
-    """A fresh lock in a forked child (a parent thread may have held this one). Called by the registry's fork handler."""
+    """A fresh lock in a forked child (a parent thread may have held this one). Called by the core's fork handler."""
     global _lock
     _lock = threading.Lock()
 
 
 def restart_waiters_after_fork() -> None:
-    """The helper threads did not survive the fork: restart them. Called by the registry's fork handler once every
-    lock of the package is fresh (a waiter that finds its module ready calls into the registry at once)."""
+    """The helper threads did not survive the fork: restart them. Called by the core's fork handler once every
+    lock of the package is fresh (a waiter that finds its module ready calls into the core at once)."""
     for w in list(_waiters):
         if w.active:
             _start_waiter(w)

@@ -1,4 +1,8 @@
-"""Split-K block-scale fp8 GEMM (Triton) that needs no pre-zeroed output.
+"""Split-K block-scale fp8 GEMM (Triton) that needs no pre-zeroed output: the stand-in's asm GEMM.
+
+It serves only the stand-in AITER: its ``gemm_a8w8_blockscale_bpreshuffle_asm`` runs it with the
+memset (as AITER's launcher runs its ``.co``), and ``gemm_backend`` launches it without the memset for
+the ``gemm_out_zeroed`` patch. On AMD's AITER the patch launches AITER's own ``.co`` instead.
 
 AITER's asm block-scale GEMM splits K across workgroups that atomically add into
 `out`, so its launcher zeroes `out` with a memset launch before every split call.
@@ -36,10 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..aiter_contract import SCALE_BLOCK, k_tiles_per_split, valid_split  # AITER's rule; tests read them here
-from . import device_stream
-from .fast_launch import Prepared, launch, run_prepared
-from .rounding import f32_to_bf16_rne  # the same bits on every backend (see rounding.py)
+from aiter_patches.aiter_contract import SCALE_BLOCK, k_tiles_per_split, valid_split  # AITER's rule; tests read them here
+from aiter_patches.kernels import device_stream
+from aiter_patches.kernels.fast_launch import Prepared, launch, run_prepared
+from aiter_patches.kernels.rounding import f32_to_bf16_rne  # the same bits on every backend (see rounding.py)
+
 FP8_DTYPES = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
 )
@@ -129,30 +134,12 @@ def _blockscale_gemm_kernel(
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
-def choose_splitk(M: int, N: int, K: int, tile_m: int, tile_n: int, tile_k: int, cu_num: int) -> int:
-    """AITER's split heuristic (`compute_gemm_SplitK`) as a split count.
-
-    AITER doubles the split while every tile still gets at least twice as many CUs and
-    the doubled split times `tile_k` stays below 2K; it returns the exponent (its CK
-    kernels use KBatch = 2**exponent). Here: 2**exponent, lowered to the largest count
-    that passes AITER's alignment check for the asm kernel (`valid_split`).
-    """
-    tiles = math.ceil(M / tile_m) * math.ceil(N / tile_n)
-    cus_per_tile = cu_num / tiles
-    exp = 0
-    while cus_per_tile >= 2 ** (exp + 1) and 2 ** (exp + 1) * tile_k < 2 * K:
-        exp += 1
-    count = 2**exp
-    while count > 1 and not valid_split(K, count):
-        count -= 1
-    return count
-
-
 def block_config(M: int) -> dict:
     """Tile shape, launch options and resident CTAs per SM (shared-memory bound), by M.
 
     The K tile is always 128 (the scale block). BLOCK_N=64 measured best at M <= 64 on an
-    H200 (bench/bench_blockscale_gemm.py --tune): more CTAs to keep weight loads in flight.
+    H200 (the benchmark's --tune, before it went with the kernel's move to the stand-in): more CTAs
+    to keep weight loads in flight.
     """
     if M <= 16:
         return dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4, ctas_per_sm=5)
@@ -335,7 +322,7 @@ def one_launch_plan(M: int, N: int, K: int, splits: int, b_preshuffled: bool, ze
     if workspace_bytes(M, N, splits) > MAX_WORKSPACE_BYTES:
         return None
     key = (M, N, K, splits, bool(b_preshuffled), bool(zero_out), s_am, s_om, s_asm, s_ask, s_bsn, s_bsk,
-           id(_blockscale_gemm_kernel), id(block_config))  # the tile choice is replaceable (bench --tune swaps it)
+           id(_blockscale_gemm_kernel), id(block_config))  # the tile choice is replaceable (a test may swap it)
     plan = _plans.get(key)
     if plan is None:
         plan = _make_plan(key)

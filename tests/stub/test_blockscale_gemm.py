@@ -1,4 +1,5 @@
-"""Split-K block-scale fp8 GEMM: the Triton kernel against the torch reference.
+"""The stand-in's split-K block-scale fp8 GEMM (``aiter_patches_standin.blockscale_gemm_splitk``): the Triton kernel
+against the torch reference.
 
 Small shapes run everywhere (Triton interpreter on CPU, natively on a GPU); the
 full-size sweep is marked `gpu`.
@@ -9,7 +10,6 @@ import math
 import pytest
 import torch
 
-from aiter_patches.kernels import blockscale_gemm_splitk as bg
 from aiter_patches.reference.blockscale_gemm import (
     a_scale_aiter_layout,
     a_scale_as_read_by_asm,
@@ -17,6 +17,7 @@ from aiter_patches.reference.blockscale_gemm import (
     shuffle_weight_16x16,
     unshuffle_weight_16x16,
 )
+from aiter_patches_standin import blockscale_gemm_splitk as bg
 
 HAS_GPU = torch.cuda.is_available()
 DEV = "cuda" if HAS_GPU else "cpu"
@@ -93,16 +94,6 @@ def test_valid_split_follows_aiter_alignment():
     assert valid_splits(1024, 8) == [1, 2, 3, 4, 8]  # 3 -> runs of 3,3,2 tiles
     assert valid_splits(384, 8) == [1, 2, 3]
     assert bg.k_tiles_per_split(1024, 3) == 3
-
-
-def test_choose_splitk_mirrors_aiter():
-    # 56 tiles on 304 CUs: 5.4 CUs a tile -> 2**2 splits.
-    assert bg.choose_splitk(1, 7168, 7168, 32, 128, 128, 304) == 4
-    # 12 tiles: 2**4 = 16 splits, but K=1536 (12 tiles) only aligns to 12.
-    assert bg.choose_splitk(1, 1536, 1536, 32, 128, 128, 304) == 12
-    # K bounds the doubling: 2**(s+1)*128 < 2K.
-    assert bg.choose_splitk(1, 128, 256, 32, 128, 128, 304) == 2
-    assert bg.choose_splitk(4096, 7168, 2048, 128, 128, 128, 304) == 1
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 7168, 2048), (16, 4608, 7168), (64, 24576, 1536), (4096, 7168, 16384)])
