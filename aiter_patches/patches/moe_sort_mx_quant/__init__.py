@@ -56,7 +56,7 @@ class SortMxQuant(moe_pipeline.Feature):
 
     name = NAME
     reads = frozenset({"call.hidden_states", "call.quant_dtype", "call.stage1_quant", "call.sort_reached",
-                       "call.scratch", "sort.addend_offer", "sort.outputs", "sort.extensions"})
+                       "call.scratch", "call.own_sort", "sort.addend_offer", "sort.outputs", "sort.extensions"})
     writes = frozenset({"call.quant_dtype", "call.stage1_quant", "sort.outputs", "sort.addend_written"})
 
     def forget(self) -> None:
