@@ -32,8 +32,18 @@ def set_strict(value: bool | None) -> None:
     _strict_override = value
 
 
+MAX_REASONS = 64  # distinct fallback reasons (and error kinds) kept per patch
+OTHER_REASONS = "other reasons (past the 64 distinct kept per patch; each logged at DEBUG)"
+OTHER_ERRORS = "other errors (past the 64 distinct kinds kept per patch; each logged at DEBUG)"
+
+
 class PatchCounters:
-    """Per-patch counts of fast-path hits, fallbacks by reason, and fast-path errors."""
+    """Per-patch counts of fast-path hits, fallbacks by reason, and fast-path errors.
+
+    Bounded over a server's life (issue 35): at most :data:`MAX_REASONS` distinct reasons, and as many error
+    kinds, per patch; a call whose reason is new past that is counted under :data:`OTHER_REASONS`
+    (:data:`OTHER_ERRORS`), its reason logged at DEBUG. Reasons name categories: a per-call value (a token
+    count) goes to a DEBUG line of the patch that met it, not into the reason."""
 
     def __init__(self, name: str):
         self.name = name
@@ -48,8 +58,12 @@ class PatchCounters:
 
     def fallback(self, reason: str) -> None:
         with self._lock:
-            first = reason not in self._fallback
-            self._fallback[reason] = self._fallback.get(reason, 0) + 1
+            seen = self._fallback.get(reason)
+            first = seen is None
+            if first and len(self._fallback) >= MAX_REASONS and reason != OTHER_REASONS:
+                self._fallback[OTHER_REASONS] = self._fallback.get(OTHER_REASONS, 0) + 1
+            else:
+                self._fallback[reason] = (seen or 0) + 1
         if first:
             log.debug("aiter_patches: %s fell back to AITER: %s", self.name, reason)
 
@@ -57,8 +71,12 @@ class PatchCounters:
         """Record a fast path that raised; re-raise in strict mode, else the caller falls back."""
         key = f"{where}: {type(exc).__name__}"
         with self._lock:
-            first = key not in self._errors
-            self._errors[key] = self._errors.get(key, 0) + 1
+            seen = self._errors.get(key)
+            first = seen is None
+            if first and len(self._errors) >= MAX_REASONS and key != OTHER_ERRORS:
+                self._errors[OTHER_ERRORS] = self._errors.get(OTHER_ERRORS, 0) + 1
+            else:
+                self._errors[key] = (seen or 0) + 1
         if strict():
             raise exc
         if first:

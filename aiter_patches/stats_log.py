@@ -168,7 +168,11 @@ _cut = log_records.cut
 
 
 def line(record: dict[str, Any]) -> str:
-    """One stats line, under ``MAX_LINE`` bytes: the rarest reasons folded into ``fallback_more``/``errors_more``."""
+    """One stats line, under ``MAX_LINE`` bytes: the rarest reasons folded into ``fallback_more``/``errors_more``.
+
+    Built in time linear in the record (issue 35): the record is written once, then the rarest entries come
+    off by their own bytes (from the list with more entries, then the foreign layers), and the line is written
+    again; only if the separators' count is off by a few bytes does a last entry come off that way again."""
     rec = dict(record)
     for key in ("fallback", "errors"):
         rec[key] = {_cut(k, _MAX_KEY): v for k, v in sorted(rec.get(key, {}).items(), key=lambda kv: -kv[1])}
@@ -178,21 +182,57 @@ def line(record: dict[str, Any]) -> str:
         return MARKER + log_records.dumps(rec)
 
     out = text()
-    while len(out.encode("utf-8")) > MAX_LINE:
+    over = len(out.encode("utf-8")) - MAX_LINE
+    if over <= 0:
+        return out
+    entries = {key: list(rec[key].items()) for key in ("fallback", "errors")}  # most calls first
+    keep = {key: len(entries[key]) for key in entries}
+    foreign = len(rec["foreign_layers"])
+    more: dict[str, Any] = {}
+    while over > 0:
+        key = max(("fallback", "errors"), key=lambda k: keep[k])
+        if keep[key]:
+            keep[key] -= 1
+            reason, calls = entries[key][keep[key]]
+            over -= _bytes({reason: calls}) - 2 + (1 if keep[key] else 0)  # its comma, unless the last one
+            name = f"{key}_more"
+            was = more.get(name)
+            now = {"reasons": (was or {}).get("reasons", 0) + 1, "calls": (was or {}).get("calls", 0) + calls}
+            over += _bytes({name: now}) - (_bytes({name: was}) if was else 1)  # a new key: its comma too
+            more[name] = now
+        elif foreign:
+            foreign -= 1
+            over -= _bytes(rec["foreign_layers"][foreign]) + (1 if foreign else 0)
+            was = more.get("foreign_layers_more")
+            now = (was or 0) + 1
+            over += _bytes({"foreign_layers_more": now}) - (_bytes({"foreign_layers_more": was}) if was else 1)
+            more["foreign_layers_more"] = now
+        else:  # pragma: no cover - a record without lists is far below the limit
+            break
+    for key in ("fallback", "errors"):
+        rec[key] = dict(entries[key][:keep[key]])
+    del rec["foreign_layers"][foreign:]
+    rec.update(more)
+    out = text()
+    while len(out.encode("utf-8")) > MAX_LINE:  # the estimate's few bytes off, if any: the old way, briefly
         key = max(("fallback", "errors"), key=lambda k: len(rec[k]))
         if rec[key]:
             reason = min(rec[key], key=lambda k: rec[key][k])
             calls = rec[key].pop(reason)
-            more = rec.setdefault(f"{key}_more", {"reasons": 0, "calls": 0})
-            more["reasons"] += 1
-            more["calls"] += calls
+            fold = rec.setdefault(f"{key}_more", {"reasons": 0, "calls": 0})
+            fold["reasons"] += 1
+            fold["calls"] += calls
         elif rec["foreign_layers"]:
             rec["foreign_layers"].pop()
             rec["foreign_layers_more"] = rec.get("foreign_layers_more", 0) + 1
-        else:  # pragma: no cover - a record without lists is far below the limit
+        else:  # pragma: no cover
             break
         out = text()
     return out
+
+
+def _bytes(value: Any) -> int:
+    return len(log_records.dumps(value).encode("utf-8"))
 
 
 def log_stats(at: str) -> None:

@@ -46,3 +46,28 @@ def test_sort_only_runs_where_its_counted_launches_are_fewer(monkeypatch, M, top
     assert (reason is None) == saves
     if not saves:
         assert reason.endswith(f"takes {theirs} launch(es), the one-launch sort {ours}")
+
+
+def test_aiters_workspace_answers_are_kept_up_to_a_cap(monkeypatch):
+    """AITER's opus workspace size is asked once per shape and kept, at most WORKSPACE_CAP shapes (issue 35
+    item 9: 2,600 token counts kept 2,600): past the cap it is asked each time, with the same answers."""
+    import types
+
+    asked = []
+
+    def workspace(tokens, experts, topk, policy):
+        asked.append(tokens)
+        return 0 if tokens % 3 == 0 else 64
+
+    monkeypatch.setattr(msq.moe_call, "aiter_module", lambda name="aiter": types.SimpleNamespace(
+        moe_sorting_opus_get_workspace_size=workspace))
+    monkeypatch.setattr(msq, "_OPUS_WORKSPACE", {})
+    n = msq.WORKSPACE_CAP + 500
+    for tokens in range(1, n + 1):
+        want = 1 if tokens % 3 == 0 else (2 if tokens < msq.SORT_FOUR_LAUNCHES_MIN_TOKENS else 4)
+        assert msq.aiter_sort_launches(tokens, 64, 8, 0) == want
+    assert len(msq._OPUS_WORKSPACE) == msq.WORKSPACE_CAP == 1024
+    asked.clear()
+    msq.aiter_sort_launches(1, 64, 8, 0)  # kept
+    msq.aiter_sort_launches(n, 64, 8, 0)  # past the cap: asked again
+    assert asked == [n]

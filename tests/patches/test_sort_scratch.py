@@ -564,3 +564,105 @@ def test_tensors_on_another_gpu_than_the_current_one_are_aiters(stub, monkeypatc
     errors = aiter_patches.stats()[NAME]["errors"]
     assert errors.get("moe_sort_mx_quant kernel: WrongDevice") == 2, errors
     assert sort_scratch.stats()["leased"] == leased + 2 and len(free_sets()) == 1  # leased, given back unused
+
+
+# ---------------------------------------------------------------- issue 35 item 2: nothing pooled leaves the pipeline
+
+
+def _bytes(ts):
+    """Bitwise copies of tensors (a NaN compares unequal to itself: compare bytes)."""
+    return [t.detach().contiguous().view(torch.uint8).clone() for t in ts]
+
+
+def _unchanged(ts, copies):
+    return all(torch.equal(t.detach().contiguous().view(torch.uint8), c) for t, c in zip(ts, copies))
+
+
+@pytest.mark.parametrize("where", ["_moe_sorting_impl", "fused_dynamic_mxfp4_quant_moe_sort"])
+def test_a_foreign_layer_over_the_sort_or_the_quant_keeps_what_it_was_handed(fm, two_calls, monkeypatch, where):
+    """An outer layer (tracing, debug dump, router statistics) installed after the pool engaged keeps what our
+    wrapper returns it: the next call with other routing leaves it as it was, and both calls keep AITER's bits."""
+    a, b, want_a, want_b = two_calls
+    aiter_patches.apply([NAME])
+    fm.fused_moe(**a)
+    fm.fused_moe(**a)
+    assert len(free_sets()) == 1  # the pool is engaged
+    ours, kept = getattr(fm, where), []
+
+    @functools.wraps(ours)
+    def keeps(*args, **kwargs):
+        out = ours(*args, **kwargs)
+        ts = [t for t in (out[:4] if where == "_moe_sorting_impl" else out) if isinstance(t, torch.Tensor)]
+        kept.append((ts, _bytes(ts)))
+        return out
+
+    monkeypatch.setattr(fm, where, keeps)
+    assert same_bits(fm.fused_moe(**a), want_a)
+    assert same_bits(fm.fused_moe(**b), want_b)
+    assert kept and all(_unchanged(ts, copies) for ts, copies in kept), "a kept output was overwritten"
+    assert aiter_patches.stats()[NAME]["fast"] >= 4  # still the one-launch sort and its hand-back
+    monkeypatch.setattr(fm, where, ours)  # the layer gone: the pool engages again
+    leased = counts()[0]
+    assert same_bits(fm.fused_moe(**a), want_a)
+    assert counts()[0] == leased + 1
+
+
+def test_a_foreign_layer_under_a_quant_helper_is_handed_no_pooled_table(fm, stub, device):
+    """A foreign function under our quant-helper wrapper is handed the sort tables as arguments whenever our
+    wrapper hands a call back: with one there, nothing is leased."""
+    aiter_patches.revert()
+    mxfp4 = fm.fused_dynamic_mxfp4_quant_moe_sort
+
+    @functools.wraps(mxfp4)
+    def traced(*args, **kwargs):
+        return mxfp4(*args, **kwargs)
+
+    fm.fused_dynamic_mxfp4_quant_moe_sort = traced
+    try:
+        a = moe_inputs(stub, device, *SHAPE, "fp4", seed=1)
+        want = fm.fused_moe(**a)
+        aiter_patches.apply([NAME])
+        assert {p["name"]: p["state"] for p in aiter_patches.status()["patches"]}[NAME] == "applied"
+        for _ in range(3):
+            assert same_bits(fm.fused_moe(**a), want)
+        assert counts() == (0, 0)
+        assert aiter_patches.stats()[NAME]["fast"] == 6
+    finally:
+        aiter_patches.revert()
+        fm.fused_dynamic_mxfp4_quant_moe_sort = mxfp4
+
+
+@pytest.mark.parametrize("when", ["before the call's sort", "after the call's sort"])
+def test_a_sort_called_directly_inside_a_call_keeps_its_outputs(fm, two_calls, stub, device, monkeypatch, when):
+    """``moe_sorting(...)`` called on its own from inside a ``fused_moe`` call (a hook AITER calls before its
+    sort, or a stage): what it returns is its caller's; the next calls, with other routing, leave it as it was."""
+    import aiter.ops._leaf_kernels as leaf
+
+    a, b, want_a, want_b = two_calls
+    M, E, topk, dim, _ = SHAPE
+    aiter_patches.apply([NAME])
+    fm.fused_moe(**a)
+    fm.fused_moe(**a)
+    assert len(free_sets()) == 1
+    ids, w = routing(M, E, topk, device, seed=5)
+    kept = []
+    if when == "before the call's sort":
+        host, name = fm, "get_2stage_cfgs"
+    else:
+        host, name = leaf, "moe_stage1"
+    inner = getattr(host, name)
+
+    def sorts_on_its_own(*args, **kwargs):
+        out = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, 32)
+        kept.append((out[:4], _bytes(out[:4])))
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(host, name, sorts_on_its_own)
+    assert same_bits(fm.fused_moe(**a), want_a)
+    assert same_bits(fm.fused_moe(**b), want_b)
+    assert same_bits(fm.fused_moe(**a), want_a)
+    assert len(kept) >= 3 and all(_unchanged(ts, copies) for ts, copies in kept), "a kept sort was overwritten"
+    with suspended():
+        want = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, 32)
+    n = int(want[3][0])
+    assert torch.equal(kept[0][0][3], want[3]) and torch.equal(kept[0][0][0][:n], want[0][:n])

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import sys
 import threading
 import weakref
@@ -67,6 +68,7 @@ MAX_M = 256  # tokens per forward, and rows per GEMM: decode batches
 # The pool's cap: DeepSeek-V3 at attention TP 1 pools its 61 o_proj outputs, 61 x M x 7168 x 2 B
 # (0.83 MiB a token: 40 MiB at M 48, 213.5 MiB at M 256), so 256 MiB covers every M <= MAX_M.
 CAP_ENV = "AITER_PATCHES_SGLANG_ZERO_POOL_MIB"
+_log = logging.getLogger("aiter_patches")
 DEFAULT_CAP_MIB = 256
 ALIGN = 128  # elements per slice start (256 bytes)
 
@@ -187,8 +189,9 @@ def _forward_wrapper(inner, site):
         if cap == 0:
             counters.fallback(f"{CAP_ENV}=0: no pool")
             return inner(*args, **kwargs)
-        if not 0 < tokens <= MAX_M:
-            counters.fallback(f"{tokens} tokens: outside the pool's bound 1..{MAX_M} (prefill or idle)")
+        if not 0 < tokens <= MAX_M:  # the reason a category (bounded: issue 35), the count at DEBUG
+            counters.fallback(f"tokens outside the pool's bound 1..{MAX_M} (prefill or idle)")
+            _log.debug("aiter_patches: %s: %s tokens outside the pool's bound 1..%s", NAME, tokens, MAX_M)
             return inner(*args, **kwargs)
         with pool_scope(bound["self"], positions.device, tokens, cap):
             return inner(*args, **kwargs)
@@ -222,7 +225,8 @@ def _dispatcher_wrapper(inner, site):
         elif dtype != torch.bfloat16:
             reason = f"output dtype {dtype}: AITER's asm kernel writes bf16 only (the memset stays with the kernel picked)"
         elif not 0 < XQ.shape[0] <= MAX_M:
-            reason = f"M {XQ.shape[0]} outside the pool's bound 1..{MAX_M}"
+            reason = f"M outside the pool's bound 1..{MAX_M}"
+            _log.debug("aiter_patches: %s: M %s outside the pool's bound 1..%s", NAME, XQ.shape[0], MAX_M)
         elif XQ.device != scope.device:
             reason = "another device than the forward's"
         elif _stream(XQ.device) != scope.stream:

@@ -55,6 +55,7 @@ class MoeCall:
     stage1_quant: StageOneQuant | None = None
     sort_reached: bool = False  # this call's sort went through the pipeline's _moe_sorting_impl
     scratch: list | None = None  # opened by the fused_moe wrapper: the sort outputs it leased (sort_scratch.py)
+    own_sort: bool = False  # the sort running now is this call's own: its first, from AITER's fused_moe code
 
 
 PLAN_FIELDS = frozenset(MoeCall.__dataclass_fields__)

@@ -21,7 +21,7 @@ fused_moe          --    AITER's fused_moe   (a call it opens lends its sort out
 fused_moe          3     moe_sort_mx_quant   count_unreached      call.sort_reached                           (counters)
 fused_moe          4     moe_addend_fold     add_or_count         call.addend, call.addend_state,             fused_moe.output (adds the addend in place)
                                                                   call.moe_buf, fused_moe.output
-_moe_sorting_impl  0     (pipeline)          sort reached                                                     call.sort_reached
+_moe_sorting_impl  0     (pipeline)          sort reached                                                     call.sort_reached, call.own_sort
 _moe_sorting_impl  1     sort_extension      find_extensions                                                  sort.extensions, sort.sort_call
 _moe_sorting_impl  2     moe_addend_fold     decide_fold          call.addend, call.addend_state,             call.addend_state, sort.folding,
                                                                   sort.extensions                             sort.addend_offer
@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import sys
 import weakref
 from typing import Any, Callable
 
@@ -415,6 +416,8 @@ def _build_sort(kind, original, layers, guards):
         stages = armed() if guards else full
         call = current()
         if call is not None:
+            if call.scratch is not None:  # a call the fused_moe wrapper opened: may this sort lend its outputs?
+                call.own_sort = not call.sort_reached and _from_aiters_fused_moe(sys._getframe(1))
             call.sort_reached = True
         step = SortStep(binder, args, kwargs)
         before, after = stages.steps
@@ -430,6 +433,18 @@ def _build_sort(kind, original, layers, guards):
     full = armed()
     current = moe_call._CALL.get
     return _moe_sorting_impl
+
+
+def _from_aiters_fused_moe(caller) -> bool:
+    """Whether the sort wrapper's caller is AITER's ``moe_sorting``, itself called by AITER's code in
+    ``aiter.fused_moe`` (``_fused_moe_impl``): the pipeline's own sort, not a direct call from a hook or a
+    layer inside the call (sort_scratch.py lends the outputs of the own sort only)."""
+    mod = sys.modules.get(MODULE)
+    if mod is None or caller is None or caller.f_code.co_name != "moe_sorting":
+        return False
+    where = vars(mod)
+    up = caller.f_back
+    return caller.f_globals is where and up is not None and up.f_globals is where
 
 
 def _build_quant_helper(kind, original, layers, guards):

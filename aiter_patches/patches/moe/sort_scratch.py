@@ -15,6 +15,15 @@ A set is leased only where that holds (:func:`lease` says None otherwise, and th
 - the call was opened by the ``fused_moe`` wrapper and has not returned (``MoeCall.scratch`` is a list
   while it runs, None before and after; a sort called on its own, or under ``moe_call.scope``, hands its
   outputs to its caller);
+- the sort is that call's own (issue 35): the first sort of the call, reached from AITER's ``moe_sorting``
+  called by AITER's own code in ``aiter.fused_moe`` (``MoeCall.own_sort``, set by the pipeline's sort
+  wrapper). A ``moe_sorting`` or ``_moe_sorting_impl`` called directly from inside the call (by a stage
+  hook, a tracing layer) hands its outputs to that caller, as do the sorts after the first;
+- no foreign layer sits on the bindings AITER's callers look up (``aiter.fused_moe``'s
+  ``_moe_sorting_impl``, ``fused_dynamic_mxfp4_quant_moe_sort``, ``fused_dynamic_mxfp8_quant_moe_sort``):
+  each still holds our chain's outermost wrapper, and no chain there has a non-AITER function under ours
+  (:func:`bindings_ours`). A layer over the sort would be handed the tables, one over a quant helper the
+  stage-1 quant (and both the tables as arguments), and either may keep them;
 - no sort extension is active (an extension's ``after_sort`` is handed the outputs and may keep them);
 - AITER's own bench hook is off (``aiter.fused_moe.kernel_bench_callable``: when a caller sets it, AITER
   keeps every stage launch, with the sort tables and the quant it reads, to replay after the call);
@@ -38,6 +47,7 @@ import sys
 import threading
 
 from ... import env_flags
+from ...core import chains
 from ...kernels import device_stream
 
 MAX_BYTES = 128 << 20
@@ -49,6 +59,11 @@ _generation = [0]  # bumped by clear(): a set leased before is not filed back
 _switch: list = [None]  # AITER_PATCHES_SORT_SCRATCH read at the first lease after clear(); None: not read yet
 _tick = [0]
 _lock = threading.Lock()
+_MODULE = "aiter.fused_moe"
+_BINDINGS = ("_moe_sorting_impl", "fused_dynamic_mxfp4_quant_moe_sort", "fused_dynamic_mxfp8_quant_moe_sort")
+# (aiter.fused_moe's globals, our three chain heads, whether no foreign layer is under them), read when a
+# binding was not the head last read (first lease after clear(), after apply/revert or a foreign layer)
+_heads: list = [None]
 _stats = {"leased": 0, "made": 0, "refused": 0, "evicted": 0}
 
 
@@ -81,12 +96,48 @@ def _kept_after_the_call(dev) -> bool:
         return True
 
 
+def bindings_ours() -> bool:
+    """Whether ``aiter.fused_moe``'s sort and MX quant-helper bindings each hold our chain's outermost wrapper,
+    with no foreign function under it. Three dict reads and identity tests while they do (the heads and the
+    verdict on the layers under them are kept until a binding differs); while a foreign layer sits over one,
+    three more reads a call."""
+    got = _heads[0]
+    if got is not None:
+        where, heads, clean = got
+        if (where.get(_BINDINGS[0]) is heads[0] and where.get(_BINDINGS[1]) is heads[1]
+                and where.get(_BINDINGS[2]) is heads[2]):
+            return clean
+    mod = sys.modules.get(_MODULE)
+    if mod is None:
+        return False
+    where = vars(mod)
+    heads = tuple(chains.chain_head(_MODULE, attr) for attr in _BINDINGS)
+    if any(h is None or where.get(attr) is not h for attr, h in zip(_BINDINGS, heads)):
+        return False  # a layer over ours (or a patch not applied there): asked again next call
+    clean = not _inner_layers()
+    _heads[0] = (where, heads, clean)
+    return clean
+
+
+def _inner_layers() -> bool:
+    """Whether a foreign function sits under one of our three chains (it is handed the sort tables as
+    arguments whenever our wrapper hands a call back)."""
+    from ... import foreign_layers
+
+    try:
+        layers = chains.visit_chains("moe_sort_mx_quant", foreign_layers.scan_chain)
+    except Exception:  # noqa: BLE001 - cannot tell: assume one is there
+        return True
+    wanted = {f"{_MODULE}.{attr}" for attr in _BINDINGS}
+    return any(layer.location in wanted for layer in layers)
+
+
 def lease(call, plan, topk_ids, quant_dtype):
     """A set of ``new_outputs`` for ``plan`` (the sort kernel's) that ``call`` holds until it ends, or None
     (the sort allocates). ``call.scratch`` must be the list the ``fused_moe`` wrapper opened the call with;
     the set goes on it."""
     scratch = call.scratch if call is not None else None
-    if scratch is None:
+    if scratch is None or not call.own_sort or not bindings_ours():
         return None
     dev = topk_ids.device
     if not enabled() or _kept_after_the_call(dev) or device_stream.capturing(dev):
@@ -184,6 +235,7 @@ def clear() -> None:
         _held[0] = 0
         _generation[0] += 1
         _switch[0] = None
+        _heads[0] = None
 
 
 def stats() -> dict:

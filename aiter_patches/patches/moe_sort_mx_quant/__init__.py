@@ -56,7 +56,7 @@ class SortMxQuant(moe_pipeline.Feature):
 
     name = NAME
     reads = frozenset({"call.hidden_states", "call.quant_dtype", "call.stage1_quant", "call.sort_reached",
-                       "call.scratch", "sort.addend_offer", "sort.outputs", "sort.extensions"})
+                       "call.scratch", "call.own_sort", "sort.addend_offer", "sort.outputs", "sort.extensions"})
     writes = frozenset({"call.quant_dtype", "call.stage1_quant", "sort.outputs", "sort.addend_written"})
 
     def forget(self) -> None:
@@ -229,7 +229,8 @@ def _decide(step, call) -> SortVerdict:
 FEATURE = moe_pipeline.feature(SortMxQuant())
 
 
-_OPUS_WORKSPACE: dict[tuple, int] = {}
+_OPUS_WORKSPACE: dict[tuple, int] = {}  # (AITER's function, shape) -> its workspace size, WORKSPACE_CAP at most
+WORKSPACE_CAP = 1024  # as the other caches of this patch: past it AITER is asked each time (a host call)
 
 
 def aiter_sort_launches(tokens: int, num_experts: int, topk: int, dispatch_policy: int) -> int:
@@ -237,13 +238,15 @@ def aiter_sort_launches(tokens: int, num_experts: int, topk: int, dispatch_polic
     at e4048607a5): one when its workspace size is 0 (the one-shot kernel, which zero-fills
     ``moe_buf`` itself; dispatch policy 1 forces it), else the multi-phase kernels: two below
     2048 tokens (P0 + P23), four from 2048 (workspace clear, P0, P1, P23). The workspace size
-    is AITER's own answer (the host function ``_moe_sorting_impl`` calls anyway), cached per shape."""
+    is AITER's own answer (the host function ``_moe_sorting_impl`` calls anyway), cached per shape
+    (at most :data:`WORKSPACE_CAP` shapes)."""
     fn = moe_call.aiter_module().moe_sorting_opus_get_workspace_size
     key = (fn, int(tokens), int(num_experts), int(topk), int(dispatch_policy))
     ws = _OPUS_WORKSPACE.get(key)
     if ws is None:
         ws = int(fn(*key[1:]))
-        _OPUS_WORKSPACE[key] = ws
+        if len(_OPUS_WORKSPACE) < WORKSPACE_CAP:
+            _OPUS_WORKSPACE[key] = ws
     if ws == 0:
         return 1
     return 2 if tokens < SORT_FOUR_LAUNCHES_MIN_TOKENS else 4
