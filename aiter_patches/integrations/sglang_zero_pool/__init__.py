@@ -134,7 +134,7 @@ def asm_split_reason(M: int, N: int, K: int) -> str | None:
 def pool_cap_bytes() -> int:
     """The pool's cap from ``AITER_PATCHES_SGLANG_ZERO_POOL_MIB`` (MiB; 0: no pool), read at apply time;
     not a whole number: one warning, then the default."""
-    from .. import env_flags
+    from ... import env_flags
 
     mib = env_flags.positive_number(CAP_ENV, DEFAULT_CAP_MIB, whole=True, zero_ok=True, unit="MiB")
     return mib << 20
