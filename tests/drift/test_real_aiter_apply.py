@@ -60,6 +60,12 @@ def expected_reasons(aiter_wheel):
         else:
             labels = ", ".join(p["label"] for p in t.pins)
             reasons[t.patch] = f"{t.target} signature drifted ({t.reason}); accepted pins: {labels}"
+    from aiter_patches import registry
+
+    for p in registry.patches():  # declared needs first: a patch whose need is skipped says so (issue 31)
+        skipped_need = next((n for n in p.needs if n in reasons), None)
+        if skipped_need is not None and p.name in reasons:
+            reasons[p.name] = f"needs {skipped_need}, which is skipped: {reasons[skipped_need]}"
     return reasons
 
 

@@ -83,6 +83,11 @@ def test_a_failing_sitecustomize_or_bad_settings_never_crash_the_command(tmp_pat
     assert proc.stdout.splitlines()[0] == str(PENDING_ALL), "the patches still apply"
 
     proc = python("-c", "print('still runs')", under_run=True, environ=env(AITER_PATCHES_DISABLE="no_such_patch"))
+    assert proc.returncode == 2 and proc.stdout == ""  # issue 32: run refuses a typo, in one line
+    assert proc.stderr.startswith("aiter-patches run: AITER_PATCHES_DISABLE names unknown patch(es) no_such_patch;")
+    assert len(proc.stderr.splitlines()) == 1
+    e = env(AITER_PATCHES_DISABLE="no_such_patch", PYTHONPATH=os.pathsep.join([BOOTSTRAP_DIR, env()["PYTHONPATH"]]))
+    proc = python("-c", "print('still runs')", under_run=False, environ=e)  # the bootstrap itself still never crashes
     assert proc.returncode == 0 and proc.stdout.strip() == "still runs"
     assert "could not apply the patches" in proc.stderr and "no_such_patch" in proc.stderr
 

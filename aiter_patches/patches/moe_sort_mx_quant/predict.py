@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ... import env_flags
 from ..moe import call as moe_call
 from ..moe.call import enum_value
 
@@ -20,7 +21,7 @@ _SWIGLU, _SITUV2 = 2, 3  # ActivationType
 # AITER reads these once, at the import of aiter.fused_moe (fused_moe.py:76-77 at e4048607a5), and
 # keeps them as module globals; they are read from there when present, else as AITER would have.
 _BYPASS_QUANT_AT_IMPORT = os.environ.get("AITER_MOE_A8W4_BYPASS_QUANT", "0") == "1"
-_SWIGLU_BF16_BOUND_AT_IMPORT = int(os.environ.get("GPTOSS_SWIGLU_MXFP4_BF16_BOUND", "256"))
+_SWIGLU_BF16_BOUND_AT_IMPORT = env_flags.integer("GPTOSS_SWIGLU_MXFP4_BF16_BOUND", 256)
 _PER_128X128, _PER_1X128 = 5, 4
 
 
@@ -110,7 +111,7 @@ def _stage1_dtype(fm, dtypes, bound, w1_dtype, tokens):
     if act == _SWIGLU or interleaved:
         if interleaved and _flydsl(fm):
             return None  # AITER may take its grouped a8w4 kernel before any sort
-        fp8_bound = int(os.environ.get("AITER_BF16_FP8_MOE_BOUND", "256"))
+        fp8_bound = env_flags.integer("AITER_BF16_FP8_MOE_BOUND", 256)
         return dtypes.bf16 if gfx != "gfx950" or tokens < fp8_bound else dtypes.fp8
     return dtypes.fp4x2
 
