@@ -90,7 +90,7 @@ from aiter_patches import runtime  # noqa: E402
 from aiter_patches_standin import blockscale_gemm_splitk as gemm_kernel  # noqa: E402
 from aiter_patches.kernels import fast_launch  # noqa: E402
 from aiter_patches.kernels import moe_sort_mx_quant as sort_kernel  # noqa: E402
-from aiter_patches.patches import moe_call, sort_scratch  # noqa: E402
+from aiter_patches.patches.moe import call as moe_call, sort_scratch  # noqa: E402
 from aiter_patches_standin import use as use_stub_aiter  # noqa: E402
 from bench import harness  # noqa: E402
 
