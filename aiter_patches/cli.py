@@ -13,7 +13,27 @@ from typing import Sequence
 def _table(rows: list[dict], cols: Sequence[str]) -> str:
     from . import text_table
 
-    return text_table.of_dicts(rows, cols, "(none)")
+    return text_table.of_dicts(rows, cols, "(none)", text_table.WIDTH)
+
+
+FROM_LOG_NOTHING = """\
+why: a process logs its status line when it calls aiter_patches.apply() (`aiter-patches run`, AITER_PATCHES_AUTO=1
+  and the vLLM plugin call it in every process): at INFO once it has imported AITER, at DEBUG before. A process
+  that never imports AITER (a server's tokenizer, say) logs none at INFO; one that never calls apply() logs none.
+what to do: start the server as `aiter-patches run -- <command>` (or with AITER_PATCHES_AUTO=1) and read the log
+  it writes, stderr included; set AITER_PATCHES_LOG_LEVEL=DEBUG to see the processes that never import AITER."""
+
+NEVER_APPLIED = "apply() not called in this process (status --apply calls it)"
+
+
+def _targets_cell(locations: Sequence[str], targets) -> str:
+    """One line per module: ``module: attr, attr`` (the declared targets), else the locations as given."""
+    if not targets:
+        return ", ".join(locations)
+    by_module: dict[str, list[str]] = {}
+    for t in targets:
+        by_module.setdefault(t.module, []).append(t.attr)
+    return "\n".join(f"{m}: {', '.join(attrs)}" for m, attrs in by_module.items())
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -22,7 +42,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.from_log:
         from .process_report import print_log_status
 
-        return print_log_status(args.from_log, as_json=args.json)
+        found = print_log_status(args.from_log, as_json=args.json)
+        if found == 1:  # readable, but no status line: say why that happens and what to do
+            print(FROM_LOG_NOTHING, file=sys.stderr)
+        return found
     if args.apply:
         registry.apply()
     st = registry.status()
@@ -32,9 +55,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     a = st["aiter"]
     where = a["location"] or "not imported"
     print(f"AITER: {a['version'] or 'unknown version'} ({where})")
+    declared = {p.name: p.targets for p in registry.patches()}
     rows = [
-        {"patch": r["name"], "state": r["state"], "targets": ", ".join(t["location"] for t in r["targets"]),
-         "reason": r["reason"]}
+        {"patch": r["name"], "state": r["state"],
+         "targets": _targets_cell([t["location"] for t in r["targets"]], declared.get(r["name"])),
+         "reason": r["reason"] or (NEVER_APPLIED if r["state"] == "inactive" else "")}
         for r in st["patches"]
     ]
     print(_table(rows, ["patch", "state", "targets", "reason"]))
@@ -46,6 +71,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from . import verify
 
+    problem = _device_problem(args.device)
+    if problem:
+        return _bad_input("verify", problem)
     if not args.verbose:  # apply/revert around each check would drown the table
         logging.getLogger("aiter_patches").setLevel(logging.WARNING)
     rows, used = verify.run(args.device)
@@ -57,6 +85,56 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         if not rows:
             print("no patches are registered: nothing to verify")
     return 1 if any(r["result"] == "FAIL" for r in rows) else 0
+
+
+def _device_problem(device: str | None) -> str | None:
+    """Why ``--device`` cannot run the checks here (not a device; not cpu or cuda; no such GPU), or None."""
+    if device is None:
+        return None
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"--device {device}: not a device; give cpu, cuda or cuda:N"
+    if dev.type == "cpu":
+        return None
+    if dev.type != "cuda":  # ROCm's GPUs are cuda devices to torch too
+        return f"--device {device}: the checks run on cpu or cuda (cuda:N), not on {dev.type}"
+    if not torch.cuda.is_available():
+        return f"--device {device}: this machine has no GPU that torch {torch.__version__} can use; use --device cpu"
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        return f"--device {device}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}"
+    return None
+
+
+def _bad_input(command: str, message: str) -> int:
+    """A bad input: one line on stderr, exit status 2, no traceback."""
+    print(f"aiter-patches {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _environment_problem() -> str | None:
+    """What ``apply()`` refuses in this environment (an unknown name in ``AITER_PATCHES_DISABLE`` or
+    ``AITER_PATCHES_INTEGRATIONS``), asked through ``apply([])``, which applies no patch; None when nothing.
+    Its process summary is not logged: under ``run`` this process becomes the command, same pid."""
+    from . import registry
+
+    log = logging.getLogger("aiter_patches")
+    was = log.disabled
+    log.disabled = True
+    try:
+        registry.apply([])
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        log.disabled = was
+    return None
+
+
+# commands that apply the patches (here or in the processes they start): their environment is checked first
+_APPLYING = {"verify": lambda args: True, "run": lambda args: True, "status": lambda args: bool(args.apply)}
 
 
 def _cmd_signatures(args: argparse.Namespace) -> int:
@@ -122,6 +200,10 @@ def _add_optional_commands(sub) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
+    if _APPLYING.get(args.cmd, lambda args: False)(args):
+        problem = _environment_problem()
+        if problem:
+            return _bad_input(args.cmd, problem)
     return int(args.func(args) or 0)
 
 

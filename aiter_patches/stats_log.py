@@ -30,7 +30,7 @@ import os
 import threading
 from typing import Any, Callable, Iterable
 
-from . import log_records, registry
+from . import env_flags, log_records, registry
 from .core import events
 
 log = logging.getLogger("aiter_patches")
@@ -57,14 +57,14 @@ def before_lines(fn: Callable[[], None]) -> None:
         _before_lines.append(fn)
 
 
+MAX_INTERVAL_S = 365 * 86400.0  # a wait longer than this overflows on some platforms (threading.TIMEOUT_MAX)
+
+
 def interval() -> float | None:
-    """Seconds between periodic lines, or None (unset, empty, not a positive number)."""
-    raw = os.environ.get(INTERVAL_ENV, "").strip()
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    return value if value > 0 else None
+    """Seconds between periodic lines, or None: unset or empty, or not a positive number of at most a
+    year (``-5``, ``abc``, ``inf``, ``1e10``), which is warned about once and means no periodic line."""
+    return env_flags.positive_number(INTERVAL_ENV, None, maximum=MAX_INTERVAL_S, unit="seconds",
+                                     default_text="no periodic line")
 
 
 def ensure_started() -> None:

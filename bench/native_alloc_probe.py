@@ -9,7 +9,7 @@ dtypes and device as ``kernels/moe_sort_mx_quant._launch``) in one call, and tim
 Python allocations, side by side in one run, together with the build time a first use would pay.
 Nothing in the package uses it: it measures whether a native allocation step is worth building.
 
-    python bench/native_alloc_probe.py --out docs/bench/native_alloc_h200.md    # GPU
+    python bench/native_alloc_probe.py --out native_alloc.md    # GPU; the last run: docs/bench/host_primitives_h200.md
     python bench/native_alloc_probe.py --reps 2 --out /tmp/native.md            # CPU (CPU tensors)
 
 The build needs a C++ compiler and torch's headers (a CPU or a CUDA/ROCm wheel ships them); where

@@ -7,7 +7,7 @@ Two tables, CUDA-graph replay, block_size 32, MXFP4:
 * parts: the same call with parts left out (no quant, no ``moe_buf`` fill, neither), so the
   difference to the full call is what that part costs.
 
-    python bench/sweep_moe_sort_quant.py --out docs/bench/moe_sort_quant_sweep_h200.md
+    python bench/sweep_moe_sort_quant.py --out sweep.md    # its 2026-11-29 runs: git history of docs/bench
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         t1 = time.perf_counter()
         outcomes = compile_all(todo, jobs=jobs, cache_dir=args.cache_dir)
         rows = report.rows(todo, outcomes)
-        print(report.table(rows))
+        print(report.text(rows))
         bad_rows = [(v, o) for v, o in zip(todo, outcomes) if report.failures(o)]
         for v, o in bad_rows:
             print(f"FAIL {v.arch} {v.qualname}: {'; '.join(report.failures(o))}")

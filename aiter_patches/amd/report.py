@@ -75,4 +75,26 @@ def counts_per_config(variants) -> dict[tuple[str, str], int]:
 
 
 def table(rows_: list[dict], cols=COLUMNS) -> str:
-    return text_table.of_dicts(rows_, cols, "(no variants)")
+    return text_table.of_dicts(rows_, cols, "(no variants)", text_table.WIDTH)
+
+
+# The compile rows as text, within 120 columns: each row's settings (and error) on the lines under it, the two
+# spill counts and the two conversion counts in one column each (``--json`` keeps every field apart).
+TEXT_COLUMNS = ("status", "arch", "kernel", "tokens", "vgpr", "sgpr", "spills", "scratch", "lds", "occ",
+                "f2i/rnd", "sec")
+TEXT_LEGEND = "spills: SGPR/VGPR spill counts; f2i/rnd: float->int / float narrowing conversions; settings under each row"
+
+
+def _pair(row: dict, a: str, b: str) -> str:
+    return f"{row[a]}/{row[b]}" if a in row and b in row else ""
+
+
+def text(rows_: list[dict]) -> str:
+    """:data:`TEXT_COLUMNS` of the compile rows, each row's settings under it."""
+    if not rows_:
+        return "(no variants)"
+    cells = [[*(r.get(c, "") for c in TEXT_COLUMNS[:6]), _pair(r, "sgpr_spill", "vgpr_spill"),
+              *(r.get(c, "") for c in ("scratch", "lds", "occ")), _pair(r, "fp2int", "fround"), r.get("sec", "")]
+             for r in rows_]
+    body = text_table.lines(TEXT_COLUMNS, cells, text_table.WIDTH, details=[r.get("settings", "") for r in rows_])
+    return "\n".join([TEXT_LEGEND, *body])

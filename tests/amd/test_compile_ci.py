@@ -12,6 +12,10 @@ full set.
 import json
 import resource
 
+import pytest
+
+pytestmark = pytest.mark.slow_ci  # minutes on 2 cores: CI's second step (python -m pytest -m slow_ci)
+
 KERNELS = {"_sort_quant_kernel", "_chunk_rank_kernel", "_chunk_scan_kernel", "_scale_tiles_kernel"}
 BUDGET_S = 360
 

@@ -291,11 +291,15 @@ def test_prefill_and_large_m_run_as_shipped(pool_tree, stub, tuned, launches, de
     assert fb == {"tokens outside the pool's bound 1..4 (prefill or idle)": 2}
 
 
-def test_the_cap_switch(pool_tree, stub, tuned, launches, device, on, monkeypatch):
+def test_the_cap_switch(pool_tree, stub, tuned, launches, device, on, monkeypatch, caplog):
     import_all()
-    monkeypatch.setenv(pool_mod.CAP_ENV, "lots")
-    report = aiter_patches.apply()
-    assert report[NAME]["state"] == "skipped" and f"{pool_mod.CAP_ENV}='lots': the rule is" in report[NAME]["reason"]
+    monkeypatch.setenv(pool_mod.CAP_ENV, "lots")  # issue 32: not a whole number: one warning, then the default
+    with caplog.at_level("WARNING", logger="aiter_patches"):
+        assert aiter_patches.apply()[NAME]["state"] == "applied"
+    assert pool_mod.pool_cap_bytes() == pool_mod.DEFAULT_CAP_MIB << 20
+    warned = [r.getMessage() for r in caplog.records if pool_mod.CAP_ENV in r.getMessage()]
+    assert warned == [f"{pool_mod.CAP_ENV}='lots' ignored: the rule is a whole number of MiB, 0 or more; "
+                      f"using the default ({pool_mod.DEFAULT_CAP_MIB})"]
     aiter_patches.revert()
     monkeypatch.setenv(pool_mod.CAP_ENV, "0")
     assert aiter_patches.apply()[NAME]["state"] == "applied"

@@ -7,6 +7,12 @@ per session into a temporary directory (never into the repo), else the tests
 skip and say how to provide one. The cases run in ``runner.py`` subprocesses
 (real AITER and the stand-in must never enter the test runner); their results
 are cached for the session, so every test module reads the same runs.
+
+The runs take minutes (the Triton interpreter runs every case's kernels, on both chips; the
+suite's longest wait, the stand-in's runs too): every test that reads a run is marked
+``slow_ci`` here, left out of the default run, and CI runs them in its second step
+(``python -m pytest -m slow_ci``). A session that selects no test of real AITER starts no
+real-AITER run.
 """
 
 from __future__ import annotations
@@ -54,6 +60,27 @@ def aiter_tree(tmp_path_factory) -> Path:
     pytest.skip(f"no AITER source tree: set {ENV} to an AITER checkout, or provide the fixture {fixture}")
 
 
+def _params(item) -> dict:
+    return getattr(getattr(item, "callspec", None), "params", {})
+
+
+def _reads_real_aiter(item) -> bool:
+    return "real_chain" in getattr(item, "fixturenames", ()) or _params(item).get("backend") == "real"
+
+
+def _reads_a_run(item) -> bool:
+    return (_reads_real_aiter(item) or "stand_in_chain" in getattr(item, "fixturenames", ())
+            or "backend" in _params(item))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.path)).resolve().parents and _reads_a_run(item):
+            item.add_marker(pytest.mark.slow_ci)
+
+
 def _fixture() -> Path:
     """``../shared/fixtures/<name>`` beside this clone or a folder above it (a git worktree's case)."""
     from helpers.aiter_tree import TARBALL, find_tarball
@@ -99,10 +126,12 @@ def _chains(request, tmp_path_factory):
     """Starts the runs (real AITER when a tree is there, and the stand-in, x gfx942 / gfx950) at once."""
     if not _PROCS:
         logs = tmp_path_factory.mktemp("real_aiter_runs")
-        try:
-            tree = request.getfixturevalue("aiter_tree")
-        except pytest.skip.Exception:
-            tree = None
+        tree = None
+        if any(_reads_real_aiter(item) for item in request.session.items):
+            try:
+                tree = request.getfixturevalue("aiter_tree")
+            except pytest.skip.Exception:
+                pass
         for gfx, cu in CHIPS.items():
             if tree is not None:
                 home = tmp_path_factory.mktemp(f"rocm_{gfx}")

@@ -217,3 +217,30 @@ def test_a_child_forked_while_a_thread_held_our_locks_does_not_hang():
     proc = run("held", 0.0, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-1] == "0"
+
+
+@pytest.mark.parametrize("raw", ["-5", "abc", "inf", "1e10", "nan", "0"])
+def test_a_bad_interval_is_warned_about_once_and_means_no_periodic_line(raw, monkeypatch, caplog):
+    """Issue 32/35: ``AITER_PATCHES_STATS_INTERVAL`` that is not a positive number of at most a year was
+    accepted (``inf``, ``1e10``: the stats thread then died of an OverflowError) or ignored silently."""
+    from aiter_patches import env_flags, stats_log
+
+    monkeypatch.setattr(env_flags, "_warned", set())
+    monkeypatch.setenv("AITER_PATCHES_STATS_INTERVAL", raw)
+    with caplog.at_level("WARNING", logger="aiter_patches"):
+        assert stats_log.interval() is None
+        assert stats_log.interval() is None
+    lines = [r.getMessage() for r in caplog.records if "AITER_PATCHES_STATS_INTERVAL" in r.getMessage()]
+    assert len(lines) == 1 and repr(raw) in lines[0] and "no periodic line" in lines[0], lines
+
+
+def test_a_good_interval_is_read():
+    import os
+
+    from aiter_patches import stats_log
+
+    os.environ["AITER_PATCHES_STATS_INTERVAL"] = "2.5"
+    try:
+        assert stats_log.interval() == 2.5
+    finally:
+        del os.environ["AITER_PATCHES_STATS_INTERVAL"]

@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import os
 import sys
 import threading
 import weakref
@@ -135,14 +134,12 @@ def asm_split_reason(M: int, N: int, K: int) -> str | None:
 
 
 def pool_cap_bytes() -> int:
-    """The pool's cap from ``AITER_PATCHES_SGLANG_ZERO_POOL_MIB`` (MiB; 0: no pool), read at apply time."""
-    raw = os.environ.get(CAP_ENV, "").strip()
-    if not raw:
-        return DEFAULT_CAP_MIB << 20
-    if not raw.isdigit():
-        raise ValueError(f"{CAP_ENV}={raw!r}: the rule is a whole number of MiB, 0 or more (default "
-                         f"{DEFAULT_CAP_MIB})")
-    return int(raw) << 20
+    """The pool's cap from ``AITER_PATCHES_SGLANG_ZERO_POOL_MIB`` (MiB; 0: no pool), read at apply time;
+    not a whole number: one warning, then the default."""
+    from ... import env_flags
+
+    mib = env_flags.positive_number(CAP_ENV, DEFAULT_CAP_MIB, whole=True, zero_ok=True, unit="MiB")
+    return mib << 20
 
 
 @contextlib.contextmanager
