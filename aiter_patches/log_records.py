@@ -29,23 +29,26 @@ def marked(lines: Iterable[str], marker: str) -> Iterator[tuple[Any, bool]]:
     """``(value, too_deep)`` for every ``marker`` on every line: the JSON value that follows it.
 
     Text that does not parse, and a value that runs on into the next marker's text (a record
-    cut short), yield nothing; JSON nested deeper than the decoder can go yields
+    cut short), yield nothing, in time linear in the line; JSON nested deeper than the decoder can go yields
     ``(None, True)`` so the caller can count it.
     """
-    decoder = json.JSONDecoder()
+    decode = json.JSONDecoder().raw_decode
     for line in lines:
         at = line.find(marker)
         while at >= 0:
             nxt = line.find(marker, at + 1)
+            # decoded from its own stretch, up to the next marker (a value running on into it is dropped
+            # anyway): a failed decode's line/column is worked out over that stretch, not the whole line
+            # before it, so reading a line is linear in its length however many markers it holds (issue 35)
+            text = line[at + len(marker):nxt] if nxt >= 0 else line[at + len(marker):]
             try:
-                value, end = decoder.raw_decode(line, at + len(marker))
+                value, _ = decode(text)
             except ValueError:
                 pass
             except RecursionError:
                 yield None, True
             else:
-                if nxt < 0 or end <= nxt:
-                    yield value, False
+                yield value, False
             at = nxt
 
 

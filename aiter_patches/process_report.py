@@ -240,18 +240,37 @@ def summary_line(record: dict[str, Any]) -> str:
             more = len(foreign) - len(shown) + foreign_more
             return "; foreign layers: " + " ".join(filter(None, ["; ".join(shown), f"(+{more} more)" if more else ""]))
 
-        while shown and len(f"aiter_patches: {who}: {body}{text(shown)}".encode()) > half:
-            shown.pop()
+        base = len(f"aiter_patches: {who}: {body}; foreign layers: ".encode())
+
+        def size(k: int, joined: int) -> int:
+            more = len(foreign) - k + foreign_more
+            tail = len(f"(+{more} more)") if more else 0
+            return base + joined + tail + (1 if k and tail else 0)
+
+        del shown[_fit(shown, "; ", size, half):]
         body += text(shown)
     aliases = _aliases(record)
     head = f"aiter_patches: {who}: {body}"
     if aliases:
-        shown = list(aliases)
-        while shown and len(f"{head}; rebound aliases: {', '.join(shown)} (+{len(aliases)} more)".encode()) > LINE_LIMIT:
-            shown.pop()
+        base = len(f"{head}; rebound aliases: ".encode()) + len(f" (+{len(aliases)} more)")
+        shown = aliases[:_fit(aliases, ", ", lambda k, joined: base + joined, LINE_LIMIT)]
         more = f" (+{len(aliases) - len(shown)} more)" if len(shown) < len(aliases) else ""
         head += f"; rebound aliases: {', '.join(shown)}{more}"
     return head
+
+
+def _fit(items: list[str], sep: str, size, limit: int) -> int:
+    """The largest ``k`` whose ``size(k, bytes of sep.join(items[:k]))`` is within ``limit`` (0 when none): what
+    dropping the last item until the line fits gives, in time linear in the items (issue 35: a record of
+    40,000 foreign layers or 60,000 aliases made that loop quadratic)."""
+    ends, total, gap = [0], 0, len(sep.encode())
+    for x in items:
+        total += len(x.encode())
+        ends.append(total)
+    for k in range(len(items), 0, -1):
+        if size(k, ends[k] + gap * (k - 1)) <= limit:
+            return k
+    return 0
 
 
 def _foreign(record: dict[str, Any]) -> list[str]:

@@ -300,6 +300,7 @@ def _add(into: dict[str, int], more: Any) -> None:
 def summed(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per patch, over processes: hits, fallbacks by reason, errors, the foreign layers any process saw."""
     out: dict[str, dict[str, Any]] = {}
+    seen_by: dict[str, set] = {}  # per patch, the foreign layers listed (a list's ``in`` made this quadratic)
     for rec in records_:
         s = out.setdefault(rec["patch"], {"processes": 0, "fast": 0, "fallback": {}, "errors": {},
                                           "foreign_layers": []})
@@ -312,8 +313,10 @@ def summed(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 s.setdefault(key, {"reasons": 0, "calls": 0})
                 _add(s[key], rec[key])
         foreign = rec.get("foreign_layers")
+        seen = seen_by.setdefault(rec["patch"], set())
         for f in foreign if isinstance(foreign, list) else []:
-            if isinstance(f, str) and f not in s["foreign_layers"]:
+            if isinstance(f, str) and f not in seen:
+                seen.add(f)
                 s["foreign_layers"].append(f)
     return out
 
