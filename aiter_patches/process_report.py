@@ -36,7 +36,7 @@ MARKER = "aiter_patches status: "
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TP_RANK", "DP_RANK",
                   "VLLM_DP_RANK", "SGLANG_DP_RANK")
 
-_STATE_ORDER = ("applied", "skipped", "pending", "disabled", "inactive")
+_STATE_ORDER = ("applied", "check_failed", "skipped", "pending", "disabled", "inactive")
 
 _via: list[str] = []
 _last_logged: tuple | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from . import aliases, chains, disarm, needs, state
-from .declarations import APPLIED, INACTIVE, PENDING, SKIPPED
+from .declarations import APPLIED, CHECK_FAILED, INACTIVE, PENDING, SKIPPED
 
 log = logging.getLogger("aiter_patches")
 
@@ -27,6 +27,19 @@ def revert_one(name: str, reason: str = "reverted") -> list[str]:
         if state.states[other].state in (APPLIED, PENDING):
             done += _take_off(other, f"reverted with {name}, which it needs")
     return done + _take_off(name, reason)
+
+
+def stand_down(name: str, reason: str) -> list[str]:
+    """Take applied patch ``name`` off for this process's life: its state becomes ``check_failed`` with
+    ``reason`` (its first calls differed from AITER's, ``self_check.py``); the patches that need it are
+    reverted with it. ``apply()`` leaves it down; ``revert()`` makes it ``inactive`` again. Returns the
+    names taken off ([] if it was not applied). Takes the core's lock: never call it holding another."""
+    with state.lock:
+        if state.states[name].state != APPLIED:
+            return []
+        done = revert_one(name, reason)
+        state.states[name].set(CHECK_FAILED, reason)
+    return done
 
 
 def _take_off(name: str, reason: str) -> list[str]:

@@ -361,7 +361,7 @@ def test_without_the_dispatcher_patch_nothing_is_pooled(pool_tree, stub, tuned, 
         launches.clear()
         forward(model, M, device)
     assert launches == shipped
-    assert aiter_patches.stats()[NAME] == {"fast": 0, "fallback": {}, "errors": {}}
+    assert aiter_patches.stats()[NAME] == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 def test_outside_a_forward_and_caller_owned_out_are_untouched(pool_tree, stub, tuned, launches, device, on):

@@ -217,7 +217,7 @@ def test_decline_runs_aiter(stub, fm, device, aiter_sort):
     assert len(ext.asked) == 1 and len(aiter_sort.calls) == 1
     assert defined_equal(got, expected)
     assert len(ext.after) == 1 and ext.after[0] is got  # after_sort sees whoever produced the sort
-    assert stats() == {"fast": 0, "fallback": {}, "errors": {}}
+    assert stats() == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 def test_decline_runs_the_next_patch_in_the_chain(stub, fm, device, aiter_sort):
@@ -688,7 +688,7 @@ def test_no_extension_is_aiter_bit_for_bit(stub, fm, device, aiter_sort):
     got = sort(fm, ids, w)
     assert len(aiter_sort.calls) == 1 and defined_equal(got, expected)
     assert same_bits(fm.fused_moe(**args), baseline)
-    assert stats() == {"fast": 0, "fallback": {}, "errors": {}}
+    assert stats() == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 # ---------------------------------------------------------------- CUDA graphs

@@ -9,7 +9,7 @@ steps in the order of the table below, passing one plan (:class:`moe_call.MoeCal
 per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
 :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
 writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
-read the bound arguments: ``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the sort's step); the tests run every step through
+read the bound arguments: ``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the sort's step, and run AITER's sort on them, ``call_aiter()``); the tests run every step through
 a check of those declarations (:func:`run_steps_through`), where an undeclared access raises.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
@@ -107,7 +107,7 @@ STEPS: dict[str, tuple] = {
         ("moe_addend_fold", "start_from_addend"),
     ),
 }
-ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "layout", "picker", "pick"})
+ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "layout", "picker", "pick", "call_aiter"})
 
 
 class Feature:
@@ -171,8 +171,12 @@ class SortStep:
     addend_written = False
     _bound = None
 
-    def __init__(self, binder, args: tuple, kwargs: dict):
-        self._binder, self._args, self._kwargs = binder, args, kwargs
+    def __init__(self, binder, args: tuple, kwargs: dict, aiter=None):
+        self._binder, self._args, self._kwargs, self._aiter = binder, args, kwargs, aiter
+
+    def call_aiter(self):
+        """AITER's sort on this call's own arguments (the self-check's other side)."""
+        return self._aiter(*self._args, **self._kwargs)
 
     def bind(self) -> tuple[dict, list]:
         """``(arguments, problems)``: the call's arguments by name, and what the pin does not explain."""
@@ -419,7 +423,7 @@ def _build_sort(kind, original, layers, guards):
             if call.scratch is not None:  # a call the fused_moe wrapper opened: may this sort lend its outputs?
                 call.own_sort = not call.sort_reached and _from_aiters_fused_moe(sys._getframe(1))
             call.sort_reached = True
-        step = SortStep(binder, args, kwargs)
+        step = SortStep(binder, args, kwargs, original)
         before, after = stages.steps
         for run in before:
             run(call, step)

@@ -1,0 +1,168 @@
+"""The self-check: the first calls of each plan run AITER's path too; a difference stands the patch down.
+
+Why: nothing here had run on AMD hardware when it was written. A miscompile on gfx950, an AITER
+build whose quant rounds otherwise, a ``.co`` that launches otherwise: any of them would serve
+wrong numbers until someone noticed. AITER's own path is always at hand on the same machine, so
+a patch runs both on the first eager calls of each plan (the key it already keeps its verdict
+under), compares them under its own contract, and returns AITER's outputs on those calls:
+
+- equal: the call counts as a passed check; after ``AITER_PATCHES_SELF_CHECK_CALLS`` of them
+  (default 1) the plan takes the fast path alone. The only cost left on it is one attribute read;
+- different: the patch stands down for the process's life (state ``check_failed``, its reason
+  naming the call, the shape and the first differing output; ``core/revert.stand_down``), with
+  one ERROR line and the inputs saved under ``AITER_PATCHES_CHECK_DIR`` (default: the temp dir).
+  The patches that need it go with it; the others go on;
+- a call inside CUDA-graph capture (or torch.compile tracing) whose plan is not checked yet goes
+  to AITER, counted: nothing unchecked is captured. Servers run each batch size eagerly before
+  they capture it, so every captured plan has been checked (docs/self_check.md);
+- two threads meeting the same new plan: one checks it, the other goes to AITER, counted.
+
+On by default where it matters: with a ROCm torch (``torch.version.hip``), where the real AITER
+runs. ``AITER_PATCHES_SELF_CHECK=0`` turns it off, ``=1`` forces it (the tests, the stand-in).
+A patch asks :func:`new_plan` when it keeps a new verdict, then :func:`begin` / :func:`finish`
+on a call whose plan has checks left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from . import env_flags
+
+log = logging.getLogger("aiter_patches")
+
+ENV = "AITER_PATCHES_SELF_CHECK"
+CALLS_ENV = "AITER_PATCHES_SELF_CHECK_CALLS"
+DIR_ENV = "AITER_PATCHES_CHECK_DIR"
+
+CAPTURE_REASON = "inside CUDA-graph capture with a plan not yet checked against AITER (AITER's path captured)"
+TRACING_REASON = "inside torch.compile tracing with a plan not yet checked against AITER"
+BUSY_REASON = "plan being checked against AITER in another thread"
+
+CHECK, FAST, AITER = "check", "fast", "aiter"  # what begin() says the call does
+
+_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def enabled() -> bool:
+    """Whether new plans are checked: ``AITER_PATCHES_SELF_CHECK`` yes/no, else a ROCm torch (real AITER)."""
+    raw = os.environ.get(ENV, "").strip()
+    if env_flags.is_true(raw):
+        return True
+    if env_flags.is_false(raw):
+        return False
+    on = getattr(getattr(sys.modules.get("torch"), "version", None), "hip", None) is not None
+    if raw and raw not in _warned:
+        _warned.add(raw)
+        log.warning("%s=%r ignored: the rule is 1/true/yes/on or 0/false/no/off; using the default (%s)",
+                    ENV, raw, "on: a ROCm torch" if on else "off: not a ROCm torch")
+    return on
+
+
+def calls_per_plan() -> int:
+    """``AITER_PATCHES_SELF_CHECK_CALLS``: eager calls checked per plan (a whole number, more than 0)."""
+    return env_flags.positive_number(CALLS_ENV, 1, whole=True)
+
+
+class Plan:
+    """The self-check's state of one plan: calls still to check (``left``), whether one runs now."""
+
+    __slots__ = ("left", "busy")
+
+    def __init__(self, left: int):
+        self.left, self.busy = left, False
+
+
+def new_plan() -> Plan | None:
+    """For a verdict a patch keeps now: its check state, or None (the check is off: the fast path alone)."""
+    return Plan(calls_per_plan()) if enabled() else None
+
+
+def _unsafe_now() -> str | None:
+    """Why a check cannot run now (graph capture, torch.compile tracing), or None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.compiler.is_compiling():
+            return TRACING_REASON
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return CAPTURE_REASON
+    except Exception:  # noqa: BLE001 - a torch without these: nothing is captured
+        return None
+    return None
+
+
+def begin(plan: Plan, counters) -> str:
+    """What this call does: :data:`CHECK` (run both, then :func:`finish`), :data:`FAST` (the plan was
+    checked meanwhile), or :data:`AITER` (hand the call to AITER: capture, tracing, another thread's
+    check; counted as a fallback here)."""
+    why = _unsafe_now()
+    if why is not None:
+        counters.fallback(why)
+        return AITER
+    with _lock:
+        if plan.left <= 0:
+            return FAST
+        if plan.busy:
+            counters.fallback(BUSY_REASON)
+            return AITER
+        plan.busy = True
+    return CHECK
+
+
+def finish_unchecked(plan: Plan) -> None:
+    """End a check begun by :func:`begin` that compared nothing (a side raised): the plan stays unchecked."""
+    with _lock:
+        plan.busy = False
+
+
+def finish(plan: Plan, name: str, counters, differs: str | None, *, where: str, inputs: dict[str, Any]) -> None:
+    """End a check begun by :func:`begin`: ``differs`` None (equal) or the first differing output.
+
+    ``where``: the call and its shape, for the reason. ``inputs``: what to save for a bug report."""
+    with _lock:
+        plan.busy = False
+        if differs is None:
+            plan.left -= 1
+    counters.checked(differs is None)
+    if differs is not None:
+        stand_down(name, f"self-check failed at {where}: {differs}", inputs)
+
+
+def stand_down(name: str, reason: str, inputs: dict[str, Any]) -> None:
+    """Patch ``name`` stands down for this process: ``check_failed``, one ERROR line, the inputs saved."""
+    from .core import events
+    from .core.revert import stand_down as core_stand_down
+
+    path = save_inputs(name, reason, inputs)
+    full = f"{reason} (AITER serves every call from now on; inputs: {path})"
+    taken = core_stand_down(name, full)
+    if not taken:
+        return  # another thread stood it down first, or it was reverted meanwhile
+    others = [n for n in taken if n != name]
+    log.error("aiter_patches: %s stood down (check_failed): %s%s", name, full,
+              f"; taken off with it: {', '.join(others)}" if others else "")
+    events.emit(events.STATES_CHANGED, cause="check_failed")
+
+
+def save_inputs(name: str, reason: str, inputs: dict[str, Any]) -> str:
+    """Write the failing call's inputs (tensors copied to the CPU) for a bug report; the path, or why not."""
+    try:
+        import torch
+
+        folder = os.environ.get(DIR_ENV, "").strip() or tempfile.gettempdir()
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"aiter_patches_check_failed_{name}_{os.getpid()}_{time.time_ns()}.pt")
+        kept = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else repr(v)) for k, v in inputs.items()}
+        torch.save({"patch": name, "reason": reason, "inputs": kept}, path)
+        return path
+    except Exception as exc:  # noqa: BLE001 - the stand-down must happen whatever the disk says
+        return f"not written ({type(exc).__name__}: {exc})"
