@@ -11,7 +11,8 @@ under), compares them under its own contract, and returns AITER's outputs on tho
 - different: the patch stands down for the process's life (state ``check_failed``, its reason
   naming the call, the shape and the first differing output; ``core/revert.stand_down``), with
   one ERROR line and the inputs saved under ``AITER_PATCHES_CHECK_DIR`` (default: the temp dir).
-  The patches that need it go with it; the others go on;
+  Its wrappers stay and hand every call to AITER, counted (a caller's ``out_zeroed=True`` is
+  still taken); the other patches go on;
 - a call inside CUDA-graph capture (or torch.compile tracing) whose plan is not checked yet goes
   to AITER, counted: nothing unchecked is captured. Servers run each batch size eagerly before
   they capture it, so every captured plan has been checked (docs/self_check.md);
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from . import env_flags
 
@@ -44,6 +45,7 @@ DIR_ENV = "AITER_PATCHES_CHECK_DIR"
 CAPTURE_REASON = "inside CUDA-graph capture with a plan not yet checked against AITER (AITER's path captured)"
 TRACING_REASON = "inside torch.compile tracing with a plan not yet checked against AITER"
 BUSY_REASON = "plan being checked against AITER in another thread"
+STOOD_DOWN = "stood down: its self-check against AITER failed (status gives the call and the difference)"
 
 CHECK, FAST, AITER = "check", "fast", "aiter"  # what begin() says the call does
 
@@ -124,32 +126,36 @@ def finish_unchecked(plan: Plan) -> None:
         plan.busy = False
 
 
-def finish(plan: Plan, name: str, counters, differs: str | None, *, where: str, inputs: dict[str, Any]) -> None:
+def finish(plan: Plan, site, differs: str | None, *, where: str, inputs: dict[str, Any],
+           forget: Callable[[], None]) -> None:
     """End a check begun by :func:`begin`: ``differs`` None (equal) or the first differing output.
 
-    ``where``: the call and its shape, for the reason. ``inputs``: what to save for a bug report."""
+    ``site``: the patch's layer that checked (its counters; where it stands down). ``where``: the call
+    and its shape, for the reason. ``inputs``: what to save for a bug report. ``forget``: drops the
+    patch's kept verdicts, so that every later call decides afresh and hands back."""
     with _lock:
         plan.busy = False
         if differs is None:
             plan.left -= 1
-    counters.checked(differs is None)
+    site.counters.checked(differs is None)
     if differs is not None:
-        stand_down(name, f"self-check failed at {where}: {differs}", inputs)
+        stand_down(site, f"self-check failed at {where}: {differs}", inputs, forget)
 
 
-def stand_down(name: str, reason: str, inputs: dict[str, Any]) -> None:
-    """Patch ``name`` stands down for this process: ``check_failed``, one ERROR line, the inputs saved."""
+def stand_down(site, reason: str, inputs: dict[str, Any], forget: Callable[[], None]) -> None:
+    """The patch of ``site`` stands down for this process: every later call of its layer goes to AITER
+    (:data:`STOOD_DOWN`, counted), its state is ``check_failed``, one ERROR line, the inputs saved."""
     from .core import events
     from .core.revert import stand_down as core_stand_down
 
+    name = site.patch.name
     path = save_inputs(name, reason, inputs)
     full = f"{reason} (AITER serves every call from now on; inputs: {path})"
-    taken = core_stand_down(name, full)
-    if not taken:
+    site.stood_down = full  # before forgetting: the next decision reads it
+    forget()
+    if not core_stand_down(name, full):
         return  # another thread stood it down first, or it was reverted meanwhile
-    others = [n for n in taken if n != name]
-    log.error("aiter_patches: %s stood down (check_failed): %s%s", name, full,
-              f"; taken off with it: {', '.join(others)}" if others else "")
+    log.error("aiter_patches: %s stood down (check_failed): %s", name, full)
     events.emit(events.STATES_CHANGED, cause="check_failed")
 
 

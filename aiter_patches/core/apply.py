@@ -82,12 +82,8 @@ def revert(names: Iterable[str] | None = None) -> list[str]:
     done: list[str] = []
     with state.lock:
         for p in reversed(needs.apply_order()):
-            st = state.states[p.name]
-            if p.name in requested and st.state in (APPLIED, PENDING):
+            if p.name in requested and state.states[p.name].state in (APPLIED, PENDING, CHECK_FAILED):
                 done += revert_one(p.name)
-            elif p.name in requested and st.state == CHECK_FAILED:
-                st.set(INACTIVE, f"reverted after {CHECK_FAILED}: {st.reason}")
-                done.append(p.name)
     events.emit(events.STATES_CHANGED, cause="revert")
     return done
 

@@ -130,4 +130,5 @@ class Site:
     binder: Binder
     counters: "PatchCounters"
     below: str | None = None
+    stood_down: str | None = None  # why this layer hands every call to AITER: its self-check failed (self_check.py)
     needs_unmet: Callable[[], str | None] = _all_met

@@ -38,9 +38,9 @@ import heapq
 from typing import Iterable
 
 from . import state
-from .declarations import APPLIED, CHECK_FAILED, DISABLED, INACTIVE, PENDING, SKIPPED, Patch
+from .declarations import APPLIED, DISABLED, INACTIVE, PENDING, SKIPPED, Patch
 
-BLOCKING = (DISABLED, SKIPPED, INACTIVE, CHECK_FAILED)
+BLOCKING = (DISABLED, SKIPPED, INACTIVE)  # not CHECK_FAILED: its wrappers stay, handing every call to AITER
 
 
 def validate(p: Patch) -> None:

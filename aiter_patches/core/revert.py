@@ -29,17 +29,19 @@ def revert_one(name: str, reason: str = "reverted") -> list[str]:
     return done + _take_off(name, reason)
 
 
-def stand_down(name: str, reason: str) -> list[str]:
-    """Take applied patch ``name`` off for this process's life: its state becomes ``check_failed`` with
-    ``reason`` (its first calls differed from AITER's, ``self_check.py``); the patches that need it are
-    reverted with it. ``apply()`` leaves it down; ``revert()`` makes it ``inactive`` again. Returns the
-    names taken off ([] if it was not applied). Takes the core's lock: never call it holding another."""
+def stand_down(name: str, reason: str) -> bool:
+    """Applied patch ``name`` stood down for this process's life: its state becomes ``check_failed`` with
+    ``reason`` (its first calls differed from AITER's, ``self_check.py``). Its wrappers stay where they are
+    and hand every call to AITER (their sites say so: ``Site.stood_down``), so a caller passing the patch's
+    keyword (``out_zeroed=True``, ``moe_addend=``) still gets AITER's result, and the patches that need it
+    go on. ``apply()`` leaves it so; ``revert()`` takes it off (``inactive``), and the next ``apply()``
+    applies it afresh. False if it was not applied. Takes the core's lock: never call it holding another."""
     with state.lock:
-        if state.states[name].state != APPLIED:
-            return []
-        done = revert_one(name, reason)
-        state.states[name].set(CHECK_FAILED, reason)
-    return done
+        st = state.states[name]
+        if st.state != APPLIED:
+            return False
+        st.set(CHECK_FAILED, reason, st.targets)
+    return True
 
 
 def _take_off(name: str, reason: str) -> list[str]:
@@ -47,7 +49,7 @@ def _take_off(name: str, reason: str) -> list[str]:
     was = st.state
     st.set(INACTIVE, reason)
     state.drop_unused_watches()
-    if was != APPLIED:
+    if was not in (APPLIED, CHECK_FAILED):  # a patch that stood down keeps its layers until reverted
         return [name]
     aliases.rewrap_foreign(name)
     casualties: list[str] = []

@@ -86,11 +86,22 @@ def test_a_corrupted_launch_stands_the_patch_down(stub, device, checking, monkey
             _via_dispatcher(A, Bs, A_scale, B_scale, out)
     assert torch.equal(bits(out), bits(expected))  # AITER's bits on the failing call
     assert registry.state(NAME) == registry.CHECK_FAILED
-    assert registry.state("gemm_dispatch_out_zeroed") == registry.INACTIVE  # it needs gemm_out_zeroed
+    assert registry.state("gemm_dispatch_out_zeroed") == registry.APPLIED  # it goes on: the layer under it hands back
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "out differs from AITER's at (0, 5)" in errors[0]
-    assert "taken off with it: gemm_dispatch_out_zeroed" in errors[0]
     assert len(os.listdir(checking)) == 1
+    for _ in range(2):  # the promise is still taken, and served by AITER: no TypeError, AITER's bits, counted
+        again = zero_out(M, N, device)
+        if entry == "asm":
+            gemm(A, Bs, again, A_scale, B_scale, splitK=2, out_zeroed=True)
+        else:
+            _via_dispatcher(A, Bs, A_scale, B_scale, again)
+        assert torch.equal(bits(again), bits(expected))
+    assert stats()["fallback"].get(self_check.STOOD_DOWN) == 2 and stats()["fast"] == 0
+    aiter_patches.apply()  # stays down for the process's life
+    assert registry.state(NAME) == registry.CHECK_FAILED
+    registry.revert([NAME])  # an operator's revert takes it off (and what needs it): the next apply() starts afresh
+    assert registry.state(NAME) == registry.INACTIVE
 
 
 def _via_dispatcher(A, Bs, A_scale, B_scale, out):

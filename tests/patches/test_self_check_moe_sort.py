@@ -130,8 +130,9 @@ def test_a_corrupted_kernel_output_stands_the_patch_down(stub, device, checking,
     dump = torch.load(os.path.join(checking, saved[0]))
     assert dump["patch"] == NAME and torch.equal(dump["inputs"]["topk_ids"], args["topk_ids"].cpu())
     assert (stats()["checks_failed"], stats()["fast"]) == (1, 0)
-    got = fm.fused_moe(**args)  # AITER's path from now on
+    got = fm.fused_moe(**args)  # AITER's path from now on, counted
     assert same_bits(got, expected) and stats()["fast"] == 0
+    assert stats()["fallback"].get(self_check.STOOD_DOWN) == 1
     assert registry.state("gemm_out_zeroed") == registry.APPLIED  # the others go on
     aiter_patches.apply([NAME])  # stays down for the process's life
     assert registry.state(NAME) == registry.CHECK_FAILED

@@ -210,7 +210,7 @@ def _wrapper(inner, site):
         except TypeError:  # a replaced AITER module or function that does not hash: decided in full
             key = got = None
         if got is None:
-            plan, operands = _decide(binder, args, kwargs, backend)
+            plan, operands = (HandBack(STOOD_DOWN), None) if site.stood_down else _decide(binder, args, kwargs, backend)
             check = self_check.new_plan() if operands else None
             if key is not None:  # the verdict follows from what the key and the tensors' guard hold
                 verdicts.put(key, tensors, (plan, _operand_getter(binder, args, kwargs) if operands else None, check))
@@ -221,7 +221,7 @@ def _wrapper(inner, site):
             counters.fallback(plan.reason)
             return inner(*args, **kwargs)
         if check is not None and check.left:
-            served = first_calls.run(NAME, counters, check, inner, binder, args, kwargs, plan, operands)
+            served = first_calls.run(site, verdicts.clear, check, inner, binder, args, kwargs, plan, operands)
             if served is not first_calls.FAST:
                 return served
         try:
@@ -236,6 +236,8 @@ def _wrapper(inner, site):
 
 
 from . import first_calls  # noqa: E402 (it names this module's Launch in its docstring only)
+
+STOOD_DOWN = self_check.STOOD_DOWN
 
 
 def _decide(binder, args, kwargs, backend):

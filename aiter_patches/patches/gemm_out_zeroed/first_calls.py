@@ -19,8 +19,10 @@ from ... import self_check
 FAST = object()  # run() says: take the fast path as usual
 
 
-def run(name: str, counters, check, inner, binder, args: tuple, kwargs: dict, plan, operands: tuple):
-    """The call's result when served here (AITER's, checked or not), or :data:`FAST`."""
+def run(site, forget, check, inner, binder, args: tuple, kwargs: dict, plan, operands: tuple):
+    """The call's result when served here (AITER's, checked or not), or :data:`FAST`. ``forget``: drops
+    the patch's kept verdicts (a failed check stands the patch down: every later call decides afresh)."""
+    counters = site.counters
     what = self_check.begin(check, counters)
     if what == self_check.FAST:
         return FAST
@@ -52,9 +54,9 @@ def run(name: str, counters, check, inner, binder, args: tuple, kwargs: dict, pl
         self_check.finish_unchecked(check)
         raise  # AITER's own error, as the unpatched call raises it
     differs = first_difference(ours, out, again)
-    self_check.finish(check, name, counters, differs, where=_where(A, B, out, plan),
+    self_check.finish(check, site, differs, where=_where(A, B, out, plan),
                       inputs={"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale, "out_dtype": out.dtype,
-                              "plan": plan.plan})
+                              "plan": plan.plan}, forget=forget)
     return result
 
 

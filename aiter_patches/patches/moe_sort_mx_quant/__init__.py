@@ -91,7 +91,7 @@ class SortMxQuant(moe_pipeline.Feature):
         key, tensors = _verdict_key(step, call)
         verdict = VERDICTS.get(key, tensors) if key is not None else None
         if verdict is None:
-            verdict = _decide(step, call)
+            verdict = _decide(step, call, site)
             if key is not None and verdict.keep:
                 VERDICTS.put(key, tensors, verdict)
         for reason in verdict.reasons:
@@ -103,7 +103,7 @@ class SortMxQuant(moe_pipeline.Feature):
         init = step.addend_offer if verdict.init else None
         kernel, kept = _KERNEL[0], verdict.plan
         api = kernel.moe_sort_mx_quant
-        if verdict.check is not None and verdict.check.left and first_calls.run(NAME, site, step, verdict, api, dict(
+        if verdict.check is not None and verdict.check.left and first_calls.run(VERDICTS.clear, site, step, verdict, api, dict(
                 topk_ids=ids, topk_weights=weights, num_experts=experts, model_dim=dim, moebuf_dtype=buf_dtype,
                 block_size=block, zero_moe_buf=verdict.zeroes, expert_mask=mask, num_local_tokens=nlt,
                 quant_input=quant_input, quant_dtype=quant_dtype, moe_buf=moe_buf, moe_buf_init=init)):
@@ -198,8 +198,10 @@ def _verdict_key(step, call):
         return None, ()
 
 
-def _decide(step, call) -> SortVerdict:
+def _decide(step, call, site) -> SortVerdict:
     """The sort gate in full (the counted reasons in the order it meets them)."""
+    if site.stood_down:
+        return SortVerdict((self_check.STOOD_DOWN,), False)
     reasons = []
     bound, problems = step.bind()
     if problems:

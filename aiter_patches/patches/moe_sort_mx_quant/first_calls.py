@@ -26,12 +26,13 @@ _QUANT_HELPER = {torch.float4_e2m1fn_x2: "fused_dynamic_mxfp4_quant_moe_sort"}  
 _MXFP8_HELPER = "fused_dynamic_mxfp8_quant_moe_sort"
 
 
-def run(name: str, site, step, verdict, api, launch: dict) -> bool:
+def run(forget, site, step, verdict, api, launch: dict) -> bool:
     """Check this call if its verdict's plan asks for it; True: the call was served here (AITER's sort
     outputs in ``step.outputs``, or none: AITER's sort runs), False: take the fast path as usual.
 
     ``launch``: the keyword arguments of the one-launch kernel ``api`` for this call (the caller's
-    ``moe_buf`` among them; the check writes a buffer of its own instead)."""
+    ``moe_buf`` among them; the check writes a buffer of its own instead). ``forget``: drops the
+    patch's kept verdicts (a failed check stands the patch down: every later call decides afresh)."""
     counters = site.counters
     what = self_check.begin(verdict.check, counters)
     if what == self_check.FAST:
@@ -51,8 +52,8 @@ def run(name: str, site, step, verdict, api, launch: dict) -> bool:
         self_check.finish_unchecked(verdict.check)
         raise  # AITER's own error, as the unpatched call would raise it
     differs = _first_difference(ours, theirs, quant, launch, verdict)
-    self_check.finish(verdict.check, name, counters, differs, where=_where(launch),
-                      inputs={k: v for k, v in launch.items() if v is not None})
+    self_check.finish(verdict.check, site, differs, where=_where(launch),
+                      inputs={k: v for k, v in launch.items() if v is not None}, forget=forget)
     step.outputs = theirs
     return True
 
