@@ -44,6 +44,7 @@ import torch
 
 from .. import aiter_contract as contract
 from ..aiter_contract import aligned_split  # AITER's split rule
+from ..reasons import with_values
 from . import code_object
 
 log = logging.getLogger(__name__)
@@ -258,21 +259,25 @@ def unsupported_reason(A, B, out, A_scale, B_scale) -> str | None:
             return f"{name} rows are not contiguous"
     if out.dim() != 2 or out.dtype != torch.bfloat16 or out.stride(1) != 1:
         return "out is not a bf16 [M, N] tensor with contiguous rows"
+    # reasons name the rule broken, never the call's shapes (issue 35: they are counted per reason); those go
+    # to DEBUG once per reason (reasons.with_values)
     M, K = A.shape
     N = out.shape[1]
     if out.shape[0] != M or tuple(B.shape) != (N, K):
-        return f"shapes: A {tuple(A.shape)}, B {tuple(B.shape)}, out {tuple(out.shape)} are not [M, K], [N, K], [M, N]"
+        return with_values("shapes: A, B, out are not [M, K], [N, K], [M, N]", A=tuple(A.shape), B=tuple(B.shape),
+                           out=tuple(out.shape))
     if N % SCALE_BLOCK_N or K % TILE_K:
-        return f"N={N} and K={K} must be multiples of 128"
+        return with_values("N and K must be multiples of 128", N=N, K=K)
     if not B.is_contiguous():
         return "B is not contiguous (the pre-shuffled layout is read as one block)"
-    for name, t, n in (("A_scale", A_scale, M * (K // TILE_K)),
-                       ("B_scale", B_scale, (N // SCALE_BLOCK_N) * (K // SCALE_BLOCK_K))):
+    for name, t, n, size in (("A_scale", A_scale, M * (K // TILE_K), "M x K/128"),
+                             ("B_scale", B_scale, (N // SCALE_BLOCK_N) * (K // SCALE_BLOCK_K), "N/128 x K/128")):
         if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n:
-            return f"{name} is not a contiguous fp32 tensor of {n} values"
+            return with_values(f"{name} is not a contiguous fp32 tensor of {size} values", values=t.numel(),
+                               expected=n, dtype=t.dtype)
     for name, t in (("B", B), ("out", out), ("A_scale", A_scale), ("B_scale", B_scale)):
         if t.device != A.device:
-            return f"{name} is on {t.device}, A on {A.device}"
+            return with_values(f"{name} is not on A's device", device=t.device, A=A.device)
     return None
 
 
@@ -288,7 +293,7 @@ def available(device, aiter_root: str | None) -> str | None:
         return "torch is not a ROCm build"
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        return f"{device} is not a ROCm GPU"
+        return f"{device.type} device is not a ROCm GPU"  # the type, not the index: a category
     gfx = gfx_of(device)
     if gfx not in SUPPORTED_GFX:
         return f"GPU arch {gfx} is not one of {SUPPORTED_GFX}"
