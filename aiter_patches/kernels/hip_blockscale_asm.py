@@ -331,7 +331,13 @@ def code_object_reason(aiter_root: str, gfx: str, cfg: AsmKernel) -> str | None:
     return _checked_code_object(code_object_path(aiter_root, gfx, cfg), cfg.knl_name, gfx)
 
 
-_co_checks: dict[tuple[str, str, str], str | None] = {}
+# Caps of this module's maps (issue 35: bounded over a server's life). Their keys come from AITER's kernel
+# lists (a dozen files per arch), the devices and the GEMMs' N, so a server stays far below them; past a cap
+# a file is checked again per call, a bias made per call, a code object not loaded (its calls go to AITER).
+MAX_CODE_OBJECTS = 256
+MAX_ZERO_BIASES = 1024
+
+_co_checks: dict[tuple[str, str, str], str | None] = {}  # MAX_CODE_OBJECTS at most
 _co_lock = threading.Lock()
 
 
@@ -342,9 +348,12 @@ def _checked_code_object(path: str, knl_name: str, gfx: str) -> str | None:
     except KeyError:
         pass
     with _co_lock:
-        if key not in _co_checks:
-            _co_checks[key] = _check_code_object(path, knl_name, gfx)
-        return _co_checks[key]
+        if key in _co_checks:
+            return _co_checks[key]
+        reason = _check_code_object(path, knl_name, gfx)
+        if len(_co_checks) < MAX_CODE_OBJECTS:
+            _co_checks[key] = reason
+        return reason
 
 
 def _check_code_object(path: str, knl_name: str, gfx: str) -> str | None:
@@ -411,6 +420,8 @@ class AsmLauncher:
             fn = self._functions.get(key)
             if type(fn) is _LoadFailed:
                 raise RuntimeError(f"{fn} (failed before in this process: not tried again)")
+            if fn is None and len(self._functions) >= MAX_CODE_OBJECTS:  # a module is never unloaded: not one more
+                raise RuntimeError(f"not loading {co_path}: {MAX_CODE_OBJECTS} code objects loaded already")
             if fn is None:
                 try:
                     reason = _checked_code_object(co_path, knl_name, gfx)
@@ -454,7 +465,19 @@ class AsmLauncher:
 
 
 _launcher: AsmLauncher | None = None
-_zero_bias: dict[tuple[int, int], torch.Tensor] = {}
+_zero_bias: dict[tuple[int, int], torch.Tensor] = {}  # (device index, N) -> zeros [1, N]; MAX_ZERO_BIASES at most
+
+
+def _zero_bias_of(device: torch.device, N: int) -> torch.Tensor:
+    """The kernel's zero bias row for ``N`` outputs on ``device``, kept per (device, N)."""
+    key = (device.index, N)
+    bias = _zero_bias.get(key)
+    if bias is None:
+        bias = torch.zeros(1, N, dtype=torch.float32, device=device)
+        # made under capture, its zeros would exist only once the graph replays
+        if len(_zero_bias) < MAX_ZERO_BIASES and not torch.cuda.is_current_stream_capturing():
+            _zero_bias[key] = bias
+    return bias
 
 
 def _get_launcher() -> AsmLauncher:
@@ -511,13 +534,7 @@ def launch_planned(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale:
     M = A.shape[0]
     N = out.shape[1]
     if bias is None:
-        key = (A.device.index, N)
-        bias = _zero_bias.get(key)
-        if bias is None:
-            bias = torch.zeros(1, N, dtype=torch.float32, device=A.device)
-            if not torch.cuda.is_current_stream_capturing():
-                # made under capture, its zeros would exist only once the graph replays
-                _zero_bias[key] = bias
+        bias = _zero_bias_of(A.device, N)
     launcher = _get_launcher()
     fn = launcher.function(A.device.index, code_object_path(aiter_root, gfx, cfg), cfg.knl_name, gfx)
     args = kernel_args(A, B, out, A_scale, B_scale, bias, split)
