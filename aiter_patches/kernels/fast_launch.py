@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from .. import env_flags
+from ..core import events
 from . import device_stream
 
 MAX_VARIANTS = 4096  # keys per kernel and device (ints are keyed by value); past it: ordinary launches
@@ -396,6 +397,16 @@ def _kernel_state(fn) -> "_Kernel | None":
     with _lock:
         _kernels[id(fn)] = (fn, state)  # holding fn keeps its id from being reused
     return state
+
+
+def _renew_lock_after_fork() -> None:
+    """``FORK_RENEW``: a fresh lock in a forked child (issue 31): a thread of the parent may have held it while
+    keeping a kernel, and that thread is gone. Never blocks."""
+    global _lock
+    _lock = threading.Lock()
+
+
+events.subscribe(events.FORK_RENEW, _renew_lock_after_fork)
 
 
 def _hook_idle(h) -> bool:

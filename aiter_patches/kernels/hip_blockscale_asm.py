@@ -44,6 +44,7 @@ import torch
 
 from .. import aiter_contract as contract
 from ..aiter_contract import aligned_split  # AITER's split rule
+from ..core import events
 from ..reasons import with_values
 from . import code_object
 
@@ -478,6 +479,18 @@ def _zero_bias_of(device: torch.device, N: int) -> torch.Tensor:
         if len(_zero_bias) < MAX_ZERO_BIASES and not torch.cuda.is_current_stream_capturing():
             _zero_bias[key] = bias
     return bias
+
+
+def _renew_locks_after_fork() -> None:
+    """``FORK_RENEW``: fresh locks in a forked child (issue 31): a thread of the parent may have held the code
+    object check's or the launcher's lock, and that thread is gone. Never blocks."""
+    global _co_lock
+    _co_lock = threading.Lock()
+    if _launcher is not None:
+        _launcher._lock = threading.Lock()
+
+
+events.subscribe(events.FORK_RENEW, _renew_locks_after_fork)
 
 
 def _get_launcher() -> AsmLauncher:

@@ -48,7 +48,7 @@ import sys
 import threading
 
 from ... import env_flags
-from ...core import chains
+from ...core import chains, events
 from ...kernels import device_stream
 
 MAX_BYTES = 128 << 20
@@ -241,6 +241,16 @@ def clear() -> None:
         _generation[0] += 1
         _switch[0] = None
         _heads[0] = None
+
+
+def _renew_lock_after_fork() -> None:
+    """``FORK_RENEW``: a fresh lock in a forked child (issue 31): a thread of the parent may have held it while
+    making or filing back a set, and that thread is gone. Never blocks."""
+    global _lock
+    _lock = threading.Lock()
+
+
+events.subscribe(events.FORK_RENEW, _renew_lock_after_fork)
 
 
 def stats() -> dict:
