@@ -110,6 +110,13 @@ def test_an_unreadable_tuned_config_gives_one_reason(monkeypatch):
     assert got == {"cannot read AITER's tuned config: KeyError"}
 
 
+def test_a_device_without_triton_is_one_reason_whatever_its_index():
+    from aiter_patches import runtime
+
+    got = {runtime.triton_backend_reason(torch.device("xpu", i)) for i in range(8)}
+    assert got == {"tensors on xpu: no Triton backend there (TRITON_INTERPRET=1 runs the kernels on CPU)"}
+
+
 def test_the_values_logged_are_bounded_too(caplog):
     with caplog.at_level(logging.DEBUG, logger="aiter_patches"):
         for i in range(reasons.MAX_LOGGED + 100):
