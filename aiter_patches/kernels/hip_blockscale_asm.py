@@ -351,21 +351,23 @@ def _checked_code_object(path: str, knl_name: str, gfx: str) -> str | None:
     with _co_lock:
         if key in _co_checks:
             return _co_checks[key]
-        reason = _check_code_object(path, knl_name, gfx)
-        if len(_co_checks) < MAX_CODE_OBJECTS:
+        keep = len(_co_checks) < MAX_CODE_OBJECTS
+        reason = _check_code_object(path, knl_name, gfx, warn=keep)  # past the cap: no WARNING per call
+        if keep:
             _co_checks[key] = reason
         return reason
 
 
-def _check_code_object(path: str, knl_name: str, gfx: str) -> str | None:
+def _check_code_object(path: str, knl_name: str, gfx: str, warn: bool = True) -> str | None:
     try:
         reason = code_object.layout_mismatch(code_object.read_code_object(path), knl_name, gfx, LAUNCH_LAYOUT)
     except code_object.CodeObjectError as exc:
         reason = str(exc)
     if reason is None:
         return None
-    log.warning("aiter_patches: AITER's code object %s does not match this launcher's arguments and will not "
-                "be launched (its calls stay with AITER): %s", path, reason)
+    if warn:
+        log.warning("aiter_patches: AITER's code object %s does not match this launcher's arguments and will not "
+                    "be launched (its calls stay with AITER): %s", path, reason)
     return f"{os.path.basename(path)}: {reason}"
 
 

@@ -257,7 +257,7 @@ def test_fast_launch_maps_stay_at_their_caps(monkeypatch):
 
 def test_the_asm_launchers_maps_stay_at_their_caps(monkeypatch):
     monkeypatch.setattr(hb, "_co_checks", {})
-    monkeypatch.setattr(hb, "_check_code_object", lambda path, knl, gfx: None)
+    monkeypatch.setattr(hb, "_check_code_object", lambda path, knl, gfx, warn: None)
     for i in range(CALLS):
         assert hb._checked_code_object(f"/aiter/hsa/{i}.co", "k", "gfx942") is None
     assert len(hb._co_checks) == hb.MAX_CODE_OBJECTS
