@@ -121,4 +121,5 @@ def triton_backend_reason(device) -> str | None:
         return None
     if kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return None
-    return f"tensors on {device}: no Triton backend there (TRITON_INTERPRET=1 runs the kernels on CPU)"
+    # the device's type, not its index: a reason is a category (issue 35)
+    return f"tensors on {kind}: no Triton backend there (TRITON_INTERPRET=1 runs the kernels on CPU)"

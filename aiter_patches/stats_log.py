@@ -260,16 +260,14 @@ def log_stats(at: str) -> None:
 # ---------------------------------------------------------------- reading a log back
 
 def _counts(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool)
-                                       for k, n in v.items())
+    return isinstance(v, dict) and all(isinstance(k, str) and log_records.is_count(n) for k, n in v.items())
 
 
 def _well_shaped(rec: dict[str, Any]) -> bool:
-    """The fields ``summed`` reads have the types a stats line writes (each optional)."""
-    for key in ("fast", *CHECK_FIELDS):
-        n = rec.get(key, 0)
-        if not isinstance(n, int) or isinstance(n, bool):
-            return False
+    """The fields ``summed`` reads have the types a stats line writes (each optional), counts within
+    ``log_records.MAX_COUNT``."""
+    if not all(log_records.is_count(rec.get(key, 0)) for key in ("fast", *CHECK_FIELDS)):
+        return False
     if not all(_counts(rec.get(k, {})) for k in ("fallback", "errors", "fallback_more", "errors_more")):
         return False
     foreign = rec.get("foreign_layers", [])
