@@ -270,12 +270,13 @@ def _set_up() -> str:
 
 
 def _on_states_changed(cause: str) -> None:
-    if _mode is not None or cause == "revert":
+    if cause == "revert":
         return
     try:
-        if any(registry.state(p.name) == registry.APPLIED for p in registry.patches()):
+        if _mode is None and any(registry.state(p.name) == registry.APPLIED for p in registry.patches()):
             ensure_started()
-            push()  # the applied patches' series appear at 0 now, not at the first interval
+        if _mode == MULTIPROCESS:
+            push()  # a newly applied patch's series appear at 0 now, not at the next interval
     except Exception:
         log.debug("aiter_patches: could not start the Prometheus export", exc_info=True)
 

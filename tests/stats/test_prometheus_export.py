@@ -166,6 +166,9 @@ WORKER = textwrap.dedent("""
     count(plan["parent"])
     threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("aiter_patches-prometheus"))
     print(json.dumps({"mode": pe.mode(), "threads": threads, "prometheus_client": "prometheus_client" in sys.modules}))
+    sys.stdout.flush()
+    if plan.get("exit_hard"):
+        os._exit(0)  # no exit push
     if "child" in plan:
         pid = os.fork()
         if pid == 0:
@@ -227,6 +230,15 @@ def test_multiprocess_mode_sums_the_workers(tmp_path, monkeypatch):
         key(pe.CHECKS, patch=MX, result="failed"): 1.0,
     }
     assert got[key(pe.FAST, patch=GEMM)] == 0.0  # applied, never called: its series is there
+
+
+def test_the_applied_patches_series_are_there_at_0_before_any_push_of_counts(tmp_path, monkeypatch):
+    info, _ = finish(start({"parent": {}, "exit_hard": True}, PROMETHEUS_MULTIPROC_DIR=str(tmp_path),
+                           **{pe.INTERVAL_ENV: "3600"}))
+    assert info["mode"] == pe.MULTIPROCESS
+    got = server_metrics(monkeypatch, tmp_path)
+    assert got[key(pe.FAST, patch=MX)] == got[key(pe.CHECKS, patch=MX, result="failed")] == 0.0
+    assert got[key(pe.FAST, patch=GEMM)] == 0.0
 
 
 def test_a_forked_child_pushes_its_own_counts_on_its_interval(tmp_path, monkeypatch):
