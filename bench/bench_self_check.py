@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiter_patches  # noqa: E402
 from aiter_patches import registry, self_check  # noqa: E402
+from aiter_patches.patches import checks  # noqa: E402
 from aiter_patches_standin import use as use_stub_aiter  # noqa: E402
 from bench import harness  # noqa: E402
 
@@ -38,18 +39,7 @@ INTER = 64  # the stand-in dequantizes every expert's weights per call: small, s
 
 def inputs(aiter, M: int, seed: int) -> dict:
     E, topk, dim = MODEL
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.rand(M, E, generator=g).argsort(dim=1)[:, :topk].to(torch.int32)
-    w = torch.rand(M, topk, generator=g).softmax(dim=1)
-    x = torch.randn(M, dim, generator=g).to(torch.bfloat16)
-    w1 = torch.randint(0, 256, (E, 2 * INTER, dim // 2), generator=g, dtype=torch.uint8).view(aiter.dtypes.fp4x2)
-    w2 = torch.randint(0, 256, (E, dim, INTER // 2), generator=g, dtype=torch.uint8).view(aiter.dtypes.fp4x2)
-    s1 = torch.randint(118, 122, (E, 2 * INTER, dim // 32), generator=g, dtype=torch.uint8)
-    s2 = torch.randint(118, 122, (E, dim, INTER // 32), generator=g, dtype=torch.uint8)
-    dev = torch.device("cuda")
-    return dict(hidden_states=x.to(dev), topk_weight=w.to(dev), topk_ids=ids.to(dev), w1=w1.to(dev), w2=w2.to(dev),
-                quant_type=aiter.QuantType.per_1x32, w1_scale=s1.view(aiter.dtypes.fp8_e8m0).to(dev),
-                w2_scale=s2.view(aiter.dtypes.fp8_e8m0).to(dev))
+    return checks.mxfp4_moe_inputs(aiter, torch.device("cuda"), M, E, topk, dim, INTER, seed)
 
 
 def host_ms(fn) -> float:

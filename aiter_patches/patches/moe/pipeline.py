@@ -1,16 +1,15 @@
 """One MoE pipeline: one wrapper per AITER target, whatever MoE features are applied.
 
-The three MoE patches (``moe_addend_fold``, ``sort_extension``, ``moe_sort_mx_quant``)
-work on the same AITER functions and hand each other data within one ``fused_moe``
-call. Each stays a registry patch of its own (name, status row, enable/disable
-switch, all-or-nothing gate on its targets' pins, revert, counters), but they share
-one wrapper per target: it binds the arguments once and runs the applied features'
-steps in the order of the table below, passing one plan (:class:`moe_call.MoeCall`,
-per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
-:class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
-writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
-read the bound arguments: ``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the sort's step, and run AITER's sort on them, ``call_aiter()``); the tests run every step through
-a check of those declarations (:func:`run_steps_through`), where an undeclared access raises.
+The three MoE patches (``moe_addend_fold``, ``sort_extension``, ``moe_sort_mx_quant``) work on the same AITER
+functions and hand each other data within one ``fused_moe`` call. Each stays a registry patch of its own (name,
+status row, enable/disable switch, all-or-nothing gate on its targets' pins, revert, counters), but they share one
+wrapper per target: it binds the arguments once and runs the applied features' steps in the order of the table
+below, passing one plan (:class:`moe_call.MoeCall`, per ``fused_moe`` call) and one step object
+(:class:`FusedMoeStep` / :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and writes
+(``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may read the bound arguments:
+``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the
+sort's step, and run AITER's sort on them, ``call_aiter()``); the tests run every step through a check of those
+declarations (:func:`run_steps_through`), where an undeclared access raises.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
 target             step  feature             does                 reads                                       writes
@@ -174,8 +173,7 @@ class SortStep:
     def __init__(self, binder, args: tuple, kwargs: dict, aiter=None):
         self._binder, self._args, self._kwargs, self._aiter = binder, args, kwargs, aiter
 
-    def call_aiter(self):
-        """AITER's sort on this call's own arguments (the self-check's other side)."""
+    def call_aiter(self):  # AITER's sort on this call's own arguments (the self-check's other side)
         return self._aiter(*self._args, **self._kwargs)
 
     def bind(self) -> tuple[dict, list]:
