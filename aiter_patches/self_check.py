@@ -82,9 +82,25 @@ class Plan:
         self.left, self.busy = left, False
 
 
-def new_plan() -> Plan | None:
-    """For a verdict a patch keeps now: its check state, or None (the check is off: the fast path alone)."""
-    return Plan(calls_per_plan()) if enabled() else None
+MAX_PLANS = 4096  # plans checked per patch and process; later ones take the fast path unchecked (logged once)
+_plans_made: dict[str, int] = {}
+
+
+def new_plan(name: str) -> Plan | None:
+    """For a verdict patch ``name`` keeps now: its check state, or None (the fast path alone): the check is
+    off, or :data:`MAX_PLANS` plans of this patch were checked already. The cap bounds what the check costs
+    a server that meets ever new shapes (prefill lengths; verdicts past their caches' caps, made per call)."""
+    if not enabled():
+        return None
+    with _lock:
+        made = _plans_made.get(name, 0)
+        if made >= MAX_PLANS:
+            return None
+        _plans_made[name] = made + 1
+    if made + 1 == MAX_PLANS:
+        log.info("aiter_patches: %s: %d plans checked against AITER; later new plans are not checked", name,
+                 MAX_PLANS)
+    return Plan(calls_per_plan())
 
 
 def _unsafe_now() -> str | None:
@@ -151,7 +167,7 @@ def stand_down(site, reason: str, inputs: dict[str, Any], forget: Callable[[], N
     name = site.patch.name
     path = save_inputs(name, reason, inputs)
     full = f"{reason} (AITER serves every call from now on; inputs: {path})"
-    site.stood_down = full  # before forgetting: the next decision reads it
+    site.stood_down = full  # before forgetting: the next decision reads it (the core marks the other layers)
     forget()
     if not core_stand_down(name, full):
         return  # another thread stood it down first, or it was reverted meanwhile

@@ -41,6 +41,10 @@ def stand_down(name: str, reason: str) -> bool:
         if st.state != APPLIED:
             return False
         st.set(CHECK_FAILED, reason, st.targets)
+        for chain in state.chains.values():  # every layer of it: the wrappers read their site when deciding
+            for layer in chain.layers:
+                if layer.patch.name == name:
+                    layer.site.stood_down = reason
     return True
 
 

@@ -273,3 +273,45 @@ def test_capture_takes_the_fast_path_only_for_checked_plans(stub, checking, quan
             eager = fm.fused_moe(**args)
         assert same_bits(out, eager), M
     assert stats()["checks_failed"] == 0 and registry.state(NAME) == registry.APPLIED
+
+
+def test_the_addend_fold_is_checked_within_its_bound_and_stands_down_when_stage_2_overwrites(stub, device, checking,
+                                                                                              monkeypatch):
+    """An AITER whose stage 2 overwrites moe_buf instead of adding into it loses a folded addend: the first
+    folded call returns AITER's fused_moe + the addend, and the fold stands down (the keyword still works)."""
+    import aiter.fused_moe as fm
+
+    from aiter_patches.patches.moe_addend_fold import NAME as FOLD
+
+    args = moe_inputs(stub, device, 5, 16, 4, 256, 128, "bf16")
+    addend = torch.randn(5, 256, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16).to(device)
+    expected = fm.fused_moe(**args) + addend
+    aiter_patches.apply([FOLD])
+    got = fm.fused_moe(**args, moe_addend=addend)
+    assert same_bits(got, expected)  # the checked call returns AITER's fused_moe + the addend
+    fold = aiter_patches.stats()[FOLD]
+    assert (fold["checks_passed"], fold["fast"]) == (1, 0)
+    fm.fused_moe(**args, moe_addend=addend)
+    assert aiter_patches.stats()[FOLD]["fast"] == 1  # then folded, unchecked
+
+    registry.revert()
+    aiter_patches.apply([FOLD])  # applied afresh: its plans are checked again
+    real_copy = torch.Tensor.copy_
+    # as a stage 2 that overwrites moe_buf would: the addend the fold starts moe_buf from never reaches the output
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: real_copy(self, src * 0, *a, **k)
+                        if src is addend else real_copy(self, src, *a, **k))
+    got = fm.fused_moe(**args, moe_addend=addend)
+    monkeypatch.setattr(torch.Tensor, "copy_", real_copy)
+    assert same_bits(got, expected)
+    assert registry.state(FOLD) == registry.CHECK_FAILED
+    got = fm.fused_moe(**args, moe_addend=addend)  # the keyword still works: added after, counted
+    assert same_bits(got, expected)
+    assert aiter_patches.stats()[FOLD]["fallback"].get(self_check.STOOD_DOWN) == 1
+
+
+def test_the_checks_per_patch_are_capped(monkeypatch):
+    monkeypatch.setenv(self_check.ENV, "1")
+    monkeypatch.setattr(self_check, "MAX_PLANS", 2)
+    monkeypatch.setattr(self_check, "_plans_made", {})
+    assert [self_check.new_plan("p") is not None for _ in range(3)] == [True, True, False]
+    assert self_check.new_plan("q") is not None

@@ -211,7 +211,7 @@ def _wrapper(inner, site):
             key = got = None
         if got is None:
             plan, operands = (HandBack(STOOD_DOWN), None) if site.stood_down else _decide(binder, args, kwargs, backend)
-            check = self_check.new_plan() if operands else None
+            check = self_check.new_plan(NAME) if operands else None
             if key is not None:  # the verdict follows from what the key and the tensors' guard hold
                 verdicts.put(key, tensors, (plan, _operand_getter(binder, args, kwargs) if operands else None, check))
         else:

@@ -39,28 +39,25 @@ mx quant helpers   1     (pipeline)          hand_back            call.stage1_qu
 
 How they combine (the only interactions; a feature that is not applied skips its steps):
 
-- The sort's outputs come from the first producer: an extension (innermost scope
-  first, step 3), else the one-launch sort (step 4), else AITER. Whoever produced
-  them, extensions' ``after_sort`` runs next (step 5), then the addend fold (6).
-- The addend goes into ``moe_buf`` in the one-launch sort's own launch only when no
-  active extension has ``after_sort`` work (it may produce the addend); otherwise,
-  and after an extension's or AITER's sort, it is copied in at step 6.
-- The stage-1 MX quant is made at most once per call, by an extension's sixth item
-  or by the one-launch sort (when predicted, and none was made), and handed back to
-  the one helper call it matches, counted as a hit (or a fallback) of its producer.
-- None of the features changes bits: with any subset applied the output is
-  AITER's, with ``moe_buf`` started from the addend where the fold says so
-  (tests/patches/test_moe_pipeline.py runs all eight subsets).
+- The sort's outputs come from the first producer: an extension (innermost scope first, step 3), else the one-
+  launch sort (step 4), else AITER. Whoever produced them, extensions' ``after_sort`` runs next (step 5), then the
+  addend fold (6).
+- The addend goes into ``moe_buf`` in the one-launch sort's own launch only when no active extension has
+  ``after_sort`` work (it may produce the addend); otherwise, and after an extension's or AITER's sort, it is
+  copied in at step 6.
+- The stage-1 MX quant is made at most once per call, by an extension's sixth item or by the one-launch sort (when
+  predicted, and none was made), and handed back to the one helper call it matches, counted as a hit (or a
+  fallback) of its producer.
+- None of the features changes bits: with any subset applied the output is AITER's, with ``moe_buf`` started from
+  the addend where the fold says so (tests/patches/test_moe_pipeline.py runs all eight subsets).
 
-How the registry's per-patch layers map onto one wrapper: each feature's target
-factory builds the pipeline wrapper for the features applied at and below its own
-layer (the registry composes layers innermost first); the wrapper calls AITER's
-function directly, while ``__wrapped__`` still names the layer below, so status,
-revert by identity and every check that walks the chain see one layer per patch.
-Reverting a feature rebuilds or reuses wrappers as the registry does for any
-chain; a stale wrapper (a reference revert cannot rebind) notices that a feature
-below it was disarmed (its code swapped for the registry's pass-through) and
-skips that feature's steps, as the chained wrappers did.
+How the registry's per-patch layers map onto one wrapper: each feature's target factory builds the pipeline wrapper
+for the features applied at and below its own layer (the registry composes layers innermost first); the wrapper
+calls AITER's function directly, while ``__wrapped__`` still names the layer below, so status, revert by identity
+and every check that walks the chain see one layer per patch. Reverting a feature rebuilds or reuses wrappers as the
+registry does for any chain; a stale wrapper (a reference revert cannot rebind) notices that a feature below it was
+disarmed (its code swapped for the registry's pass-through) and skips that feature's steps, as the chained wrappers
+did.
 """
 
 from __future__ import annotations
@@ -142,17 +139,19 @@ def feature(f: Feature) -> Feature:
     return f
 
 
-# ---------------------------------------------------------------- the step objects
-
 class FusedMoeStep:
     """One ``fused_moe`` call: its bound arguments, the extra keywords taken off, AITER's output."""
 
-    __slots__ = ("arguments", "problems", "keywords", "output")
+    __slots__ = ("arguments", "problems", "keywords", "output", "_again")
     FIELDS = frozenset({"keywords", "output"})
     PREFIX = "fused_moe"
 
-    def __init__(self, arguments: dict, keywords: dict):
-        self.arguments, self.problems, self.keywords, self.output = arguments, (), keywords, None
+    def __init__(self, arguments: dict, keywords: dict, again=None):
+        self.arguments, self.problems, self.keywords, self.output, self._again = arguments, (), keywords, None, again
+
+    def call_aiter(self):  # AITER's fused_moe on this call's arguments, less the extra keywords (the self-check)
+        original, args, kwargs = self._again
+        return original(*args, **kwargs)
 
 
 class SortStep:
@@ -385,7 +384,7 @@ def _build_fused_moe(kind, original, layers, guards):
                 refuse(site, problems[0])
             return original(*args, **kwargs)
         call, new = joined_or_new(bound)
-        step = FusedMoeStep(bound, given)
+        step = FusedMoeStep(bound, given, (original, args, kwargs))
         before, after = engaged.steps
         for run in before:
             run(call, step)

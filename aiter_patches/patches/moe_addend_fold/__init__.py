@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ... import foreign_layers
+from ... import foreign_layers, self_check
 from ...core.declarations import Patch
 from .. import pins, relied_on, sort_extension
 from ..moe import pipeline as moe_pipeline
@@ -91,11 +91,16 @@ class AddendFold(moe_pipeline.Feature):
     name = NAME
     keywords = ("moe_addend",)
     reads = frozenset({"fused_moe.keywords", "fused_moe.output", "call.addend", "call.addend_state", "call.moe_buf",
+                       "call.addend_check", "call.hidden_states", "call.quant_dtype",
                        "sort.extensions", "sort.folding", "sort.outputs", "sort.addend_written"})
-    writes = frozenset({"call.addend", "call.addend_state", "call.moe_buf", "sort.folding", "sort.addend_offer"})
+    writes = frozenset({"call.addend", "call.addend_state", "call.moe_buf", "call.addend_check", "sort.folding",
+                        "sort.addend_offer"})
 
     def refuse(self, site, problem: str) -> None:
         raise TypeError(f"fused_moe(): {problem}")
+
+    def forget(self) -> None:
+        first_calls._PLANS.clear()  # applied afresh: every plan is checked again
 
     def take_addend(self, site, call, step) -> None:
         bound, addend = step.arguments, step.keywords["moe_addend"]
@@ -107,8 +112,13 @@ class AddendFold(moe_pipeline.Feature):
         """Folded into this very output: a hit. Otherwise the addend is added now, once, and the reason counted."""
         out = step.output
         if call.addend_state == FOLDED and _is_same_tensor(out, call.moe_buf):
+            if call.addend_check is not None:  # this plan's first call: against AITER's fused_moe + the addend
+                first_calls.finish(site, call, step)
+                return
             site.counters.hit()
             return
+        if call.addend_check is not None:  # the fold did not happen after all: nothing to compare
+            self_check.finish_unchecked(call.addend_check)
         if call.addend_state == PENDING:
             site.counters.fallback(foreign_layers.unreached_sort_reason())
         elif call.addend_state == FOLDED:
@@ -120,6 +130,15 @@ class AddendFold(moe_pipeline.Feature):
             return
         bound, problems = step.bind()
         blocker = problems[0] if problems else fold_blocker(bound, call)
+        if blocker is None and site.stood_down:
+            blocker = self_check.STOOD_DOWN
+        if blocker is None:
+            plan = first_calls.plan_for(NAME, call)
+            what = self_check.begin(plan, site.counters) if plan is not None and plan.left else self_check.FAST
+            if what == self_check.AITER:  # capture or tracing (counted): added after the call, as AITER's callers do
+                call.addend_state = ADD_AFTER
+                return
+            call.addend_check = plan if what == self_check.CHECK else None
         if blocker is not None:
             call.addend_state = ADD_AFTER
             site.counters.fallback(blocker)
@@ -139,6 +158,8 @@ class AddendFold(moe_pipeline.Feature):
 
 
 FEATURE = moe_pipeline.feature(AddendFold())
+
+from . import first_calls  # noqa: E402
 
 
 def fused_moe_with_addend(addend, *args, **kwargs):

@@ -231,7 +231,7 @@ def _decide(step, call, site) -> SortVerdict:
         if reason is not None:
             return SortVerdict((*reasons, reason), False, keep=reason != WORKSPACE_UNKNOWN)
     return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None,
-                       _zeroes(bound), step.picker(_LAUNCH_ARGS), plan=[], check=self_check.new_plan())
+                       _zeroes(bound), step.picker(_LAUNCH_ARGS), plan=[], check=self_check.new_plan(NAME))
 
 
 FEATURE = moe_pipeline.feature(SortMxQuant())
