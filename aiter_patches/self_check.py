@@ -50,6 +50,7 @@ STOOD_DOWN = "stood down: its self-check against AITER failed (status gives the 
 CHECK, FAST, AITER = "check", "fast", "aiter"  # what begin() says the call does
 
 _lock = threading.Lock()
+_busy: set = set()  # the plans a check runs on now (a forked child frees them: their thread is not there)
 _warned: set[str] = set()
 
 
@@ -133,6 +134,7 @@ def begin(plan: Plan, counters) -> str:
             counters.fallback(BUSY_REASON)
             return AITER
         plan.busy = True
+        _busy.add(plan)
     return CHECK
 
 
@@ -140,6 +142,24 @@ def finish_unchecked(plan: Plan) -> None:
     """End a check begun by :func:`begin` that compared nothing (a side raised): the plan stays unchecked."""
     with _lock:
         plan.busy = False
+        _busy.discard(plan)
+
+
+def finish_skipped(plan: Plan, counters, reason: str) -> None:
+    """End a check begun by :func:`begin` whose call cannot be compared under the contract (a GEMM's ``out`` not
+    zero): the plan is not checked again (each try would cost a device sync); counted once as ``reason``."""
+    with _lock:
+        plan.busy, plan.left = False, 0
+        _busy.discard(plan)
+    counters.fallback(reason)
+
+
+def compared(compare: Callable[[], str | None]) -> str | None:
+    """``compare()``'s answer; an exception while comparing (outputs of another shape, say) is a difference."""
+    try:
+        return compare()
+    except Exception as exc:  # noqa: BLE001 - the patch's outputs could not even be compared: not AITER's
+        return f"comparing the outputs raised {type(exc).__name__}: {exc}"
 
 
 def finish(plan: Plan, site, differs: str | None, *, where: str, inputs: dict[str, Any],
@@ -151,6 +171,7 @@ def finish(plan: Plan, site, differs: str | None, *, where: str, inputs: dict[st
     patch's kept verdicts, so that every later call decides afresh and hands back."""
     with _lock:
         plan.busy = False
+        _busy.discard(plan)
         if differs is None:
             plan.left -= 1
     site.counters.checked(differs is None)
@@ -175,6 +196,26 @@ def stand_down(site, reason: str, inputs: dict[str, Any], forget: Callable[[], N
     events.emit(events.STATES_CHANGED, cause="check_failed")
 
 
+def _renew_after_fork() -> None:
+    """In a forked child: a fresh lock, and the plans a parent's thread was checking free again."""
+    global _lock
+    _lock = threading.Lock()
+    for plan in list(_busy):
+        plan.busy = False
+    _busy.clear()
+
+
+def _subscribe() -> None:
+    from .core import events
+
+    events.subscribe(events.FORK_RENEW, _renew_after_fork)
+
+
+_subscribe()
+
+MAX_SAVED_BYTES = 64 << 20  # a tensor larger than this (expert weights) is saved as its metadata only
+
+
 def save_inputs(name: str, reason: str, inputs: dict[str, Any]) -> str:
     """Write the failing call's inputs (tensors copied to the CPU) for a bug report; the path, or why not."""
     try:
@@ -183,7 +224,9 @@ def save_inputs(name: str, reason: str, inputs: dict[str, Any]) -> str:
         folder = os.environ.get(DIR_ENV, "").strip() or tempfile.gettempdir()
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"aiter_patches_check_failed_{name}_{os.getpid()}_{time.time_ns()}.pt")
-        kept = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else repr(v)) for k, v in inputs.items()}
+        kept = {k: (v.detach().cpu() if v.numel() * v.element_size() <= MAX_SAVED_BYTES
+                    else f"not saved: {tuple(v.shape)} {v.dtype} stride {tuple(v.stride())} on {v.device}")
+                if isinstance(v, torch.Tensor) else repr(v) for k, v in inputs.items()}
         torch.save({"patch": name, "reason": reason, "inputs": kept}, path)
         return path
     except Exception as exc:  # noqa: BLE001 - the stand-down must happen whatever the disk says

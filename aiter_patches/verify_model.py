@@ -84,6 +84,9 @@ def _one(fm, checks, torch, dev, routing: str, label: str, qd, experts: int, top
     except Exception as exc:  # AITER's own path raised (this build has no such quant, say)
         return _row(routing, label, tokens, "AITER", f"AITER raised {type(exc).__name__}: {exc}")
     after = registry.stats()[NAME]
+    raised = [e for e, n in after["errors"].items() if n > before["errors"].get(e, 0)]
+    if raised:  # the one-launch kernel raised: AITER served, but this GPU cannot run the patch's kernel here
+        return _row(routing, label, tokens, "FAIL", f"the patch's kernel raised: {'; '.join(raised)}")
     if after["checks_failed"] > before["checks_failed"]:
         reason = next(r["reason"] for r in registry.status()["patches"] if r["name"] == NAME)
         return _row(routing, label, tokens, "FAIL", reason)

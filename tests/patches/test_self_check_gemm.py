@@ -118,3 +118,26 @@ def test_aiter_against_itself_sets_the_bound():
     c = torch.tensor([[1.0, 2.0625]], dtype=torch.bfloat16)
     assert first_calls.first_difference(c, a, b).endswith("(largest difference 0.0625; AITER against itself: "
                                                           "0.015625)")
+
+
+def test_a_strided_out_is_checked_in_a_buffer_with_its_strides(stub, device, checking):
+    """The plan may hold out's strides (the stand-in's backend does): the check's own buffer has the same ones."""
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=5)
+    expected = _expected(A, Bs, A_scale, B_scale, M, N, device, 2)
+    aiter_patches.apply([NAME])
+    wide = torch.zeros(M, N + 64, dtype=torch.bfloat16, device=device)
+    out = wide[:, :N]
+    gemm(A, Bs, out, A_scale, B_scale, splitK=2, out_zeroed=True)
+    assert torch.equal(bits(out.contiguous()), bits(expected)) and not wide[:, N:].any()
+    assert (stats()["checks_passed"], stats()["checks_failed"]) == (1, 0)
+
+
+def test_a_non_zero_out_skips_the_plans_check_once_not_every_call(stub, device, checking):
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=3)
+    aiter_patches.apply([NAME])
+    for _ in range(3):
+        out = torch.ones(M, N, dtype=torch.bfloat16, device=device)
+        gemm(A, Bs, out, A_scale, B_scale, splitK=2, out_zeroed=True)
+    assert stats()["fallback"] == {first_calls.NOT_ZERO: 1} and stats()["fast"] == 3

@@ -315,3 +315,36 @@ def test_the_checks_per_patch_are_capped(monkeypatch):
     monkeypatch.setattr(self_check, "_plans_made", {})
     assert [self_check.new_plan("p") is not None for _ in range(3)] == [True, True, False]
     assert self_check.new_plan("q") is not None
+
+
+def test_outputs_that_cannot_even_be_compared_stand_the_patch_down(stub, device, checking, monkeypatch):
+    """A kernel whose quant comes back a row short: the comparison fails, never the caller's call."""
+    import aiter.fused_moe as fm
+
+    args = moe_inputs(stub, device, 5, 16, 4, 256, 128, "fp8")
+    expected = fm.fused_moe(**args)
+    aiter_patches.apply([NAME])
+    real = kernel.moe_sort_mx_quant
+
+    def short(*a, **k):
+        res = real(*a, **k)
+        return res._replace(quant=(res.quant[0][:-1], res.quant[1]))
+
+    monkeypatch.setattr(kernel, "moe_sort_mx_quant", short)
+    got = fm.fused_moe(**args)
+    assert same_bits(got, expected)
+    assert registry.state(NAME) == registry.CHECK_FAILED
+    assert "comparing the outputs raised" in next(p["reason"] for p in registry.status()["patches"] if p["name"] == NAME)
+
+
+def test_the_fold_check_ignores_rows_aiter_leaves_undefined_and_matching_nans(stub, device, checking):
+    import aiter.fused_moe as fm
+
+    from aiter_patches.patches.moe_addend_fold import NAME as FOLD
+
+    args = moe_inputs(stub, device, 5, 16, 4, 256, 128, "bf16")
+    args["hidden_states"][2] = float("nan")  # a padded batch's garbage row: NaN on both sides
+    addend = torch.randn(5, 256, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16).to(device)
+    aiter_patches.apply([FOLD])
+    fm.fused_moe(**args, moe_addend=addend)
+    assert registry.state(FOLD) == registry.APPLIED and aiter_patches.stats()[FOLD]["checks_passed"] == 1

@@ -214,6 +214,8 @@ def _wrapper(inner, site):
             check = self_check.new_plan(NAME) if operands else None
             if key is not None:  # the verdict follows from what the key and the tensors' guard hold
                 verdicts.put(key, tensors, (plan, _operand_getter(binder, args, kwargs) if operands else None, check))
+                if site.stood_down:  # stood down while this call decided: nothing kept outlives it
+                    verdicts.clear()
         else:
             plan, get, check = got
             operands = get(args, kwargs) if get is not None else None

@@ -91,7 +91,7 @@ class AddendFold(moe_pipeline.Feature):
     name = NAME
     keywords = ("moe_addend",)
     reads = frozenset({"fused_moe.keywords", "fused_moe.output", "call.addend", "call.addend_state", "call.moe_buf",
-                       "call.addend_check", "call.hidden_states", "call.quant_dtype",
+                       "call.addend_check",
                        "sort.extensions", "sort.folding", "sort.outputs", "sort.addend_written"})
     writes = frozenset({"call.addend", "call.addend_state", "call.moe_buf", "call.addend_check", "sort.folding",
                         "sort.addend_offer"})
@@ -107,18 +107,16 @@ class AddendFold(moe_pipeline.Feature):
         validate_addend(addend, bound.get("hidden_states"), bound.get("topk_ids"), bound.get("w2"),
                         bound.get("dtype"), bound.get("output"))
         call.addend, call.addend_state = addend, PENDING
-
+        call.addend_check = first_calls.plan_for(NAME, bound, addend)  # None: off, or this plan checked
     def add_or_count(self, site, call, step) -> None:
         """Folded into this very output: a hit. Otherwise the addend is added now, once, and the reason counted."""
         out = step.output
         if call.addend_state == FOLDED and _is_same_tensor(out, call.moe_buf):
-            if call.addend_check is not None:  # this plan's first call: against AITER's fused_moe + the addend
+            if isinstance(call.addend_check, first_calls.Begun):  # against AITER's fused_moe + the addend
                 first_calls.finish(site, call, step)
                 return
             site.counters.hit()
             return
-        if call.addend_check is not None:  # the fold did not happen after all: nothing to compare
-            self_check.finish_unchecked(call.addend_check)
         if call.addend_state == PENDING:
             site.counters.fallback(foreign_layers.unreached_sort_reason())
         elif call.addend_state == FOLDED:
@@ -132,13 +130,10 @@ class AddendFold(moe_pipeline.Feature):
         blocker = problems[0] if problems else fold_blocker(bound, call)
         if blocker is None and site.stood_down:
             blocker = self_check.STOOD_DOWN
-        if blocker is None:
-            plan = first_calls.plan_for(NAME, call)
-            what = self_check.begin(plan, site.counters) if plan is not None and plan.left else self_check.FAST
-            if what == self_check.AITER:  # capture or tracing (counted): added after the call, as AITER's callers do
-                call.addend_state = ADD_AFTER
+        if blocker is None and call.addend_check is not None:
+            if first_calls.defer(site, call, step):  # capture, tracing, an extension active (counted)
+                call.addend_state = ADD_AFTER  # added after the call, as AITER's callers do
                 return
-            call.addend_check = plan if what == self_check.CHECK else None
         if blocker is not None:
             call.addend_state = ADD_AFTER
             site.counters.fallback(blocker)

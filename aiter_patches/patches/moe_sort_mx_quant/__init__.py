@@ -94,6 +94,8 @@ class SortMxQuant(moe_pipeline.Feature):
             verdict = _decide(step, call, site)
             if key is not None and verdict.keep:
                 VERDICTS.put(key, tensors, verdict)
+                if site.stood_down:  # stood down while this call decided: nothing kept outlives it
+                    VERDICTS.clear()
         for reason in verdict.reasons:
             counters.fallback(reason)
         if not verdict.launch:
