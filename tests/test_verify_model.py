@@ -16,6 +16,7 @@ from aiter_patches import registry, verify_model
 from aiter_patches.amd import presets
 
 ROOT = Path(__file__).resolve().parents[1]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU Triton's interpreter runs the kernels (conftest)
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def tiny(monkeypatch):
 
 
 def test_every_bucket_is_checked(tiny):
-    rows, used = verify_model.run("Tiny", "cpu")
+    rows, used = verify_model.run("Tiny", DEVICE)
     assert "stand-in" in used
     assert [(r["quant"], r["tokens"], r["result"]) for r in rows] == [
         (q, m, "ok") for q in ("MXFP4", "MXFP8") for m in presets.token_counts(3, 4)]
@@ -45,7 +46,7 @@ def test_a_fault_at_one_bucket_fails_there_and_stands_the_patch_down(tiny, monke
         return res
 
     monkeypatch.setattr(kernel, "moe_sort_mx_quant", wrong_at_two_tokens)
-    rows, _ = verify_model.run("Tiny", "cpu")
+    rows, _ = verify_model.run("Tiny", DEVICE)
     got = [(r["quant"], r["tokens"], r["result"]) for r in rows]
     assert got[:3] == [("MXFP4", 1, "ok"), ("MXFP4", 2, "FAIL"), ("MXFP4", 3, "SKIP")]
     assert "sorted_ids differs" in rows[1]["detail"]
