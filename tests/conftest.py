@@ -7,7 +7,11 @@ GPU; on the device machine run them with ``pytest -m gpu``.
 Spread over processes (``pytest -n auto``, pytest-xdist; ``--dist loadgroup`` in
 pyproject's addopts): the tests of a folder or file that share a costly session
 or module fixture (real AITER's call-chain runs, an unpacked wheel, a spawned
-server) are kept in one worker (``SHARED_SETUP``), so that set-up runs once.
+server) are kept in one worker (``SHARED_SETUP``), so that set-up runs once. The
+scheduler (``pytest_xdist_make_scheduler`` below) reads the group off each test's
+path: xdist's own grouping renames node ids, which pytest 9.2 no longer lets it do
+(pytest-xdist issue 1386: every test was scheduled on its own, the set-ups ran in
+both workers).
 
 The summary names each skip reason once, with its count (``-rfE`` keeps failures
 and errors in full; ``-rs`` still lists every skipped test).
@@ -33,19 +37,30 @@ if not _HAS_GPU:
 # session: one xdist group each
 SHARED_SETUP = ("real_aiter", "drift", "with_sglang", "processes/test_spawn.py", "scripts/test_rocm_run.py",
                 "kernels/test_code_object.py", "patches/test_gemm_code_object_check.py")
-_TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def _shared_setup_group(path: str) -> str | None:
-    rel = os.path.relpath(path, _TESTS).replace(os.sep, "/")
+def shared_setup_group(nodeid: str) -> str | None:
+    """The ``SHARED_SETUP`` entry a test belongs to, from its node id (``tests/<path>::<name>``), else None."""
+    rel = nodeid.split("::", 1)[0].removeprefix("tests/")
     return next((g for g in SHARED_SETUP if rel == g or rel.startswith(g + "/")), None)
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a run without pytest-xdist
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup``: one work unit per ``SHARED_SETUP`` group (units of more tests first), one per
+    other test."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SharedSetupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_setup_group(nodeid) or super()._split_scope(nodeid)
+
+    return SharedSetupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = _shared_setup_group(str(item.path))
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     if _HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a GPU (run `pytest -m gpu` on a CUDA/ROCm machine)")

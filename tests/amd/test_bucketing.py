@@ -42,6 +42,7 @@ print(json.dumps({"exhaustive": sorted(v.key for v in ex), "sampled": sorted(v.k
 """
 
 
+@pytest.mark.slow_ci  # 600 token counts captured through the launch path; the bucket rule itself: the test above
 def test_sampled_token_counts_find_every_variant_and_few_per_config(run_python):
     r = run_python(["-c", _SWEEP], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

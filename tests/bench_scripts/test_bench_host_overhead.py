@@ -47,6 +47,7 @@ def test_host_primitives_writes_its_table(tmp_path):
         assert f"| {op}" in table
 
 
+@pytest.mark.slow_ci  # a C++ build of half a minute on 2 cores: CI's second step (python -m pytest -m slow_ci)
 def test_native_alloc_probe_builds_and_matches_the_python_allocations(tmp_path):
     """The probe's C++ allocations are checked against the Python ones (shapes, dtypes, strides) before
     it times them; without a compiler it says the build failed and times the Python side only."""

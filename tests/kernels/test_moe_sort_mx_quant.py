@@ -18,6 +18,9 @@ FP4, FP8, FP8NUZ = torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m
 HAS_GPU = torch.cuda.is_available()
 DEV = "cuda" if HAS_GPU else "cpu"
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+# the interpreter cases of tens of seconds on 2 cores whose behaviour a cheaper default-run case also meets
+# (CI's second step runs them: python -m pytest -m slow_ci)
+SLOW_CI = pytest.mark.slow_ci
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +126,7 @@ def run(M, K, E, B, N=256, qd=FP4, kind="uniform", xkind="normal", mask=None, nl
     (0, 8, 256, 32, 256, FP4),
     (1, 8, 256, 32, 256, FP4),
     (3, 4, 8, 16, 256, FP8),
-    (17, 11, 513, 128, 256, FP4),
+    pytest.param(17, 11, 513, 128, 256, FP4, marks=SLOW_CI),  # 1024 expert bins in the count: CI's second step
     (64, 8, 128, 64, 512, FP8NUZ),
     (5, 16, 896, 16, 256, FP8),
     (3, 1, 8, 64, 2048, FP4),
@@ -227,7 +230,8 @@ def test_multi_launch_path(monkeypatch):
     run(41, 3, 8, 64, qd=None, kind="one", nlt=torch.tensor([40], dtype=torch.int32, device=DEV))
 
 
-@pytest.mark.parametrize("groups,one_step,defer", [(1, 0, False), (2, 0, True), (8, 128, True), (8, 128, False)])
+@pytest.mark.parametrize("groups,one_step,defer", [pytest.param(1, 0, False, marks=SLOW_CI), (2, 0, True),
+                                                   (8, 128, True), (8, 128, False)])
 def test_row_quantized_in_group_tiles(monkeypatch, groups, one_step, defer):
     """The wide-row loop (QUANT_GROUPS groups at a time: no one-step share), with 7 groups per row so
     the last tile is partial, and a row quantized in one step, its math before or after the routing
@@ -258,9 +262,23 @@ def set_constants(monkeypatch, values):
         monkeypatch.setattr(k, name, val)
 
 
-@pytest.mark.parametrize("roles", ["on", "off"])
-@pytest.mark.parametrize("defer", [True, False])
-@pytest.mark.parametrize("N,split,g_tile", [(3200, 2, 64), (4128, 2, 128), (4128, 4, 64)])
+# the default run's (slices, roles, defer) of the one-step shares: each slicing and each (roles, defer) pair once
+ONE_STEP_DEFAULT = {("3200-2-64", "on", True), ("3200-2-64", "off", False), ("4128-2-128", "off", True),
+                    ("4128-4-64", "on", False)}
+
+
+def _one_step_cases():
+    cases = []
+    for N, split, g_tile in ((3200, 2, 64), (4128, 2, 128), (4128, 4, 64)):
+        for defer in (True, False):
+            for roles in ("on", "off"):
+                slices = f"{N}-{split}-{g_tile}"
+                cases.append(pytest.param(roles, defer, N, split, g_tile, id=f"{slices}-{defer}-{roles}",
+                                          marks=() if (slices, roles, defer) in ONE_STEP_DEFAULT else SLOW_CI))
+    return cases
+
+
+@pytest.mark.parametrize("roles,defer,N,split,g_tile", _one_step_cases())
 def test_one_step_shares_over_column_slices(monkeypatch, roles, defer, N, split, g_tile):
     """One-step shares of 64-128 groups (the default path of 16-64 token decode at 7168 columns) over
     column slices: a partial last slice (100 groups in two 64-group shares; 129 groups: one group in
@@ -358,7 +376,8 @@ def test_decode_paths_adversarial(monkeypatch, path):
     check(res, ids, w, 896, 64, x=x, qd=FP8, mask=mask, nlt=nlt, semantics="fused")
 
 
-@pytest.mark.parametrize("path", [m for m in METHODS if not m.startswith("count")])
+@pytest.mark.parametrize("path", [pytest.param(m, marks=SLOW_CI) if m.endswith(("-tiled", "-reload")) else m
+                                  for m in METHODS if not m.startswith("count")])
 def test_decode_paths_sizes(monkeypatch, path):
     """Segments that straddle block edges (skewed routing: long runs of one expert), a batch whose
     pairs are not a power of two, topk 1, no token at all (num_local_tokens 0) and
@@ -371,7 +390,7 @@ def test_decode_paths_sizes(monkeypatch, path):
     run(6, 2, 8, 16, N=64, qd=FP4, nlt=torch.tensor([100], dtype=torch.int32, device=DEV))  # past M: as given
 
 
-@pytest.mark.parametrize("path", METHODS)
+@pytest.mark.parametrize("path", [pytest.param(m, marks=SLOW_CI) if m.endswith("-tiled") else m for m in METHODS])
 def test_decode_methods_block_sizes(monkeypatch, path):
     """Each method at every block size on the routings that stress its bookkeeping: every pair on
     one expert (a segment over several blocks), every pair on its own expert (a padded block per
@@ -659,7 +678,7 @@ def _fp4_rounding_rows() -> torch.Tensor:
     return g.reshape(-1, 1024 * 32).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("semantics", ["fused", "split"])
+@pytest.mark.parametrize("semantics", ["fused", pytest.param("split", marks=SLOW_CI)])
 def test_fp4_rounding_every_pattern_and_scale(semantics):
     """The kernel's e2m1 rounding against the reference's, for every bf16 magnitude under every
     scale that rounds it to a nonzero code, both signs (data bytes and scale bytes, bit for bit; on

@@ -114,9 +114,13 @@ def capture_error(fn):
 # ---------------------------------------------------------------- bitwise against the original
 
 
-@pytest.mark.parametrize("K", [512, 1024])
-@pytest.mark.parametrize("N", [128, 256])
-@pytest.mark.parametrize("M", [1, 7, 16])
+# the default run's (M, N, K): each M, N and K and each (N, K); CI's second step (slow_ci) runs the other eight
+SPLIT_CASES_DEFAULT = {(1, 128, 1024), (7, 256, 512), (16, 128, 512), (16, 256, 1024)}
+
+
+@pytest.mark.parametrize("M,N,K", [pytest.param(M, N, K, marks=() if (M, N, K) in SPLIT_CASES_DEFAULT else
+                                                pytest.mark.slow_ci)
+                                   for M in (1, 7, 16) for N in (128, 256) for K in (512, 1024)])
 def test_out_zeroed_equals_memset_gemm_at_every_split(stub, gemm_op, device, M, N, K):
     splits = [s for s in range(2, 9) if kernel.valid_split(K, s)]
     assert splits == VALID_SPLITS[K]

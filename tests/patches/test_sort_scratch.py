@@ -317,7 +317,7 @@ def test_the_sets_used_longest_ago_make_room(fm, stub, device, monkeypatch):
     hot = moe_inputs(stub, device, 1, 8, 2, 256, 128, "fp4", seed=4)
     with suspended():
         want = fm.fused_moe(**hot)
-    for M in (40, 41, 42):  # a warm-up sweep: each size seen twice, then not again
+    for M in (2, 3, 4):  # a warm-up sweep: each size seen twice, then not again (each set larger than hot's)
         args = moe_inputs(stub, device, M, 8, 2, 256, 128, "fp4")
         fm.fused_moe(**args)
         fm.fused_moe(**args)
@@ -331,7 +331,7 @@ def test_the_sets_used_longest_ago_make_room(fm, stub, device, monkeypatch):
         assert same_bits(fm.fused_moe(**hot), want)
     assert counts()[0] == leased + 4, "the size in use leases its set every call"
     assert sort_scratch.stats()["evicted"] == 1 and sort_scratch.stats()["refused"] == 0
-    assert sorted(got.quant[0].shape[0] for got in free_sets()) == [1, 41, 42], "the size used longest ago went"
+    assert sorted(got.quant[0].shape[0] for got in free_sets()) == [1, 3, 4], "the size used longest ago went"
     assert sort_scratch.stats()["plans"] == 3
     assert sort_scratch.stats()["bytes"] == free_bytes() <= sort_scratch.MAX_BYTES
 
@@ -339,7 +339,7 @@ def test_the_sets_used_longest_ago_make_room(fm, stub, device, monkeypatch):
 def test_a_set_that_cannot_fit_drops_nothing(fm, stub, device, monkeypatch):
     """A set larger than what dropping every other free set would make room for is refused at once: the
     sets of the sizes in use stay."""
-    big = moe_inputs(stub, device, 60, 8, 2, 256, 128, "fp4")
+    big = moe_inputs(stub, device, 4, 8, 2, 1024, 128, "fp4")  # a wider layer: more bytes than both small sets
     want = fm.fused_moe(**big)
     aiter_patches.apply([NAME])
     small = [moe_inputs(stub, device, M, 8, 2, 256, 128, "fp4") for M in (1, 2)]
@@ -360,7 +360,7 @@ def test_a_set_whose_plan_was_dropped_while_leased(fm, stub, device, monkeypatch
     import aiter.ops._leaf_kernels as leaf
 
     aiter_patches.apply([NAME])
-    a, c, b = (moe_inputs(stub, device, M, 8, 2, 256, 128, "fp4") for M in (40, 41, 1))
+    a, c, b = (moe_inputs(stub, device, M, 8, 2, 256, 128, "fp4") for M in (2, 3, 1))  # b's set: the smallest
     for args in (a, c):
         fm.fused_moe(**args)
         fm.fused_moe(**args)
@@ -375,13 +375,13 @@ def test_a_set_whose_plan_was_dropped_while_leased(fm, stub, device, monkeypatch
             fm.fused_moe(**b)  # b makes room: a's entry (no free set) and c's set go
             seen["after"] = sorted(got.quant[0].shape[0] for got in free_sets())
             if again:  # a call of a's size (another one: the same activations would join a's call)
-                fm.fused_moe(**moe_inputs(stub, device, 40, 8, 2, 256, 128, "fp4", seed=9))
+                fm.fused_moe(**moe_inputs(stub, device, 2, 8, 2, 256, 128, "fp4", seed=9))
         return stage1(*args, **kwargs)
 
     monkeypatch.setattr(leaf, "moe_stage1", meanwhile)
     fm.fused_moe(**a)
     assert seen["after"] == [1]
-    assert sorted(got.quant[0].shape[0] for got in free_sets()) == ([40, 40] if again else [1])
+    assert sorted(got.quant[0].shape[0] for got in free_sets()) == ([2, 2] if again else [1])
     assert sort_scratch.stats()["bytes"] == free_bytes() <= sort_scratch.MAX_BYTES
 
 

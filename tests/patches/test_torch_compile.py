@@ -7,6 +7,7 @@ is counted, and the call falls back to AITER: either way the wrapper was
 reached and the result is AITER's bits. On a GPU the kernel itself runs.
 """
 
+import pytest
 import torch
 
 import aiter_patches
@@ -14,6 +15,10 @@ import aiter_patches
 from .test_moe_sort_mx_quant_patch import moe_inputs, same_bits
 
 
+# Dynamo tracing AITER's whole fused_moe: 20-30 s on 2 cores, CI's second step (python -m pytest -m slow_ci).
+# The default run's compiled callers: tests/integrations (test_torch_compile_traces_through_the_hooks,
+# test_torch_compile_traces_vllms_add).
+@pytest.mark.slow_ci
 def test_compiled_caller_reaches_the_patch(stub, device):
     import aiter.fused_moe as fm
 

@@ -95,8 +95,15 @@ def test_sglang_patch_alone_gives_aiters_bits(stub, sglang_root, quant):
             assert same_bits(fused_moe(a), want)
 
 
-@pytest.mark.parametrize("quant", ["fp8", "fp4"])
-@pytest.mark.parametrize("takeover", [True, False], ids=["takeover", "no-takeover"])
+def orders(default):
+    """(takeover, quant) of both take-over settings and both quants; the default run takes ``default`` (one quant
+    per setting), CI's second step (slow_ci) the other two: each call is SGLang's Triton code in the interpreter."""
+    return [pytest.param(takeover, quant, id=f"{'takeover' if takeover else 'no-takeover'}-{quant}",
+                         marks=() if (takeover, quant) in default else pytest.mark.slow_ci)
+            for quant in ("fp8", "fp4") for takeover in (True, False)]
+
+
+@pytest.mark.parametrize("takeover,quant", orders({(True, "fp4"), (False, "fp8")}))
 def test_ours_first(stub, sglang_root, monkeypatch, quiet_report, caplog, quant, takeover):
     """apply() before SGLang's runner starts (aiter-patches run, the plugin, sitecustomize)."""
     if not takeover:
@@ -135,8 +142,7 @@ def test_ours_first(stub, sglang_root, monkeypatch, quiet_report, caplog, quant,
             assert len(stats_log.line(line).encode()) <= stats_log.MAX_LINE
 
 
-@pytest.mark.parametrize("quant", ["fp8", "fp4"])
-@pytest.mark.parametrize("takeover", [True, False], ids=["takeover", "no-takeover"])
+@pytest.mark.parametrize("takeover,quant", orders({(True, "fp8"), (False, "fp4")}))
 def test_sglang_first(stub, sglang_root, monkeypatch, quant, takeover):
     """apply() after SGLang's runner patched AITER: SGLang's wrappers sit under ours; ours is asked first."""
     if not takeover:
