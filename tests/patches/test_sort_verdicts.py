@@ -27,11 +27,11 @@ def stats():
 
 
 def counting_calls_of(monkeypatch, function: str) -> list:
-    """Fresh verdicts, the patch applied, and a list that grows by one per call of ``msq.<function>(step, call)``."""
+    """Fresh verdicts, the patch applied, and a list that grows by one per call of ``msq.<function>(step, call, ...)``."""
     monkeypatch.setattr(msq, "VERDICTS", call_key.GuardedVerdicts(NAME))
     calls = []
     real = getattr(msq, function)
-    monkeypatch.setattr(msq, function, lambda step, call: calls.append(1) or real(step, call))
+    monkeypatch.setattr(msq, function, lambda *a: calls.append(1) or real(*a))
     aiter_patches.apply([NAME])
     return calls
 

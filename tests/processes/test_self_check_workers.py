@@ -4,9 +4,12 @@ and ``status --from-log`` sums the checks of every process."""
 import subprocess
 import sys
 
+import pytest
+
 from .procs import HERE, ROOT, env, python
 
 
+@pytest.mark.slow_ci  # two spawned workers through Triton's interpreter (13 s); the one-process sum: tests/patches
 def test_each_worker_checks_its_own_calls_and_from_log_sums_them(tmp_path):
     proc = python(str(HERE / "self_check_server.py"), under_run=True, timeout=300,
                   environ=env(AITER_PATCHES_SELF_CHECK="1", AITER_PATCHES_CHECK_DIR=str(tmp_path / "failed")))
