@@ -9,7 +9,7 @@ hands any call outside its proven envelope back to AITER.
 
 The core (``aiter_patches/core``, public face ``registry``) names no patch and no
 reporter; importing the package imports the reporters, which subscribe to the
-core's events (per-process summary and status lines, stats lines, foreign layers).
+core's events (per-process summary and status lines, stats lines, foreign layers, the Prometheus export).
 """
 
 from .registry import (
@@ -27,7 +27,7 @@ from .registry import (
     unregister,
 )
 from .signatures import Pin
-from . import foreign_layers, process_report, stats_log  # noqa: F401,E402 (they subscribe to the core's events)
+from . import foreign_layers, process_report, prometheus_export, stats_log  # noqa: F401,E402 (they subscribe to the core's events)
 from .extensions.api import SortExtension, SortExtensionError
 
 # Loaded at first use, not at ``import aiter_patches``: the modules behind them import torch (about 1.3 s),

@@ -29,9 +29,12 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
+import weakref
 from typing import Any
 
 import torch
+
+from .core import events
 
 _compiling = torch.compiler.is_compiling
 KEYED_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
@@ -185,8 +188,6 @@ def native_guards():
         return _NATIVE[0]
     got = None
     try:
-        import weakref
-
         from torch._C._dynamo.guards import TensorGuards
 
         class _Sub(torch.Tensor):
@@ -224,13 +225,14 @@ class GuardedVerdicts:
     patch applied again decides afresh."""
 
     MAX_PER_KEY = 8
-    __slots__ = ("name", "limit", "_d", "_lock", "hits", "misses", "_n")
+    __slots__ = ("name", "limit", "_d", "_lock", "hits", "misses", "_n", "__weakref__")
 
     def __init__(self, name: str, limit: int = 1024):
         self.name, self.limit = name, limit
         self._d: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
         self.hits = self.misses = self._n = 0
+        _ALL_VERDICTS.add(self)
 
     def get(self, key, tensors: tuple):
         for check, verdict in self._d.get(key, ()):
@@ -258,3 +260,16 @@ class GuardedVerdicts:
         with self._lock:
             self._d.clear()
             self.hits = self.misses = self._n = 0
+
+
+_ALL_VERDICTS: "weakref.WeakSet[GuardedVerdicts]" = weakref.WeakSet()
+
+
+def _renew_locks_after_fork() -> None:
+    """``FORK_RENEW``: every verdict table's lock fresh in a forked child (issue 31): a thread of the parent may
+    have held one while putting a verdict, and that thread is gone. Never blocks."""
+    for verdicts in list(_ALL_VERDICTS):
+        verdicts._lock = threading.Lock()
+
+
+events.subscribe(events.FORK_RENEW, _renew_locks_after_fork)

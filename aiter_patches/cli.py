@@ -76,15 +76,46 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         return _bad_input("verify", problem)
     if not args.verbose:  # apply/revert around each check would drown the table
         logging.getLogger("aiter_patches").setLevel(logging.WARNING)
+    if args.model is not None or args.max_tokens is not None:
+        problem = _model_problem(args.model, args.max_tokens)
+        if problem:
+            return _bad_input("verify", problem)
     rows, used = verify.run(args.device)
+    model_rows: list[dict] = []
+    if args.model is not None:
+        from . import verify_model
+
+        model_rows, _ = verify_model.run(args.model, args.device, int(args.max_tokens) if args.max_tokens else None)
     if args.json:
-        print(json.dumps({"aiter": used, "rows": rows}, indent=2, default=str))
+        print(json.dumps({"aiter": used, "rows": rows, **({"model_rows": model_rows} if args.model else {})},
+                         indent=2, default=str))
     else:
         print(f"verifying against {used}")
         print(_table(rows, ["patch", "state", "check", "result", "detail"]))
         if not rows:
             print("no patches are registered: nothing to verify")
-    return 1 if any(r["result"] == "FAIL" for r in rows) else 0
+        if args.model is not None:
+            from . import verify_model
+
+            print(f"\nthe self-check at every token bucket of {args.model} (ok: equal to AITER's; "
+                  "AITER: handed to AITER, why):")
+            print(_table(model_rows, verify_model.COLUMNS))
+    return 1 if any(r["result"] == "FAIL" for r in rows + model_rows) else 0
+
+
+def _model_problem(model: str | None, max_tokens: str | None) -> str | None:
+    """Why ``--model`` / ``--max-tokens`` cannot run (an unknown preset, not a whole number >= 1), or None."""
+    from .amd import presets
+
+    if max_tokens is not None and model is None:
+        return "--max-tokens needs --model"
+    if max_tokens is not None and not (max_tokens.isascii() and max_tokens.isdigit() and int(max_tokens) >= 1):
+        return f"--max-tokens {max_tokens}: the rule is a whole number, 1 or more"
+    try:
+        presets.preset(model)
+    except ValueError as exc:
+        return f"--model: {exc}"
+    return None
 
 
 def _device_problem(device: str | None) -> str | None:
@@ -168,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="apply the patches and check each against AITER on sample inputs")
     v.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     v.add_argument("--json", action="store_true")
+    v.add_argument("--model", default=None, help="also run the self-check at every token bucket of a model preset "
+                                                 "(deepseek-v3, qwen3-235b, minimax-m3, kimi-k3)")
+    v.add_argument("--max-tokens", default=None, help="with --model: the largest token bucket (default: the preset's)")
     v.set_defaults(func=_cmd_verify)
 
     g = sub.add_parser("signatures", help="print, --write or --check SIGNATURES.md")

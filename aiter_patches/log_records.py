@@ -9,6 +9,7 @@ marker on a line read on its own) keep the two kinds of line from drifting apart
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterable, Iterator
 
 # Bytes of one record line. A write of at most PIPE_BUF (4 KiB) to a pipe is atomic, so records
@@ -48,8 +49,53 @@ def marked(lines: Iterable[str], marker: str) -> Iterator[tuple[Any, bool]]:
             except RecursionError:
                 yield None, True
             else:
+                if "\\ud" in text or "\\uD" in text:  # only then can the value hold a lone surrogate
+                    value = without_surrogates(value)
                 yield value, False
             at = nxt
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_surrogates(value: Any) -> Any:
+    """``value`` with each lone surrogate in its strings and keys replaced by U+FFFD, as a stray byte is.
+
+    JSON's ``"\\ud800"`` decodes to a lone surrogate, which no UTF-8 encoder takes: the summary line measures
+    itself in UTF-8 bytes, and stdout writes UTF-8 (a traceback, found by issue 35's fuzz pass). Walked without
+    recursion: a value may be nested as deep as the decoder goes.
+    """
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    stack = [value] if isinstance(value, (dict, list)) else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                if isinstance(v, str):
+                    node[i] = _SURROGATE.sub("\ufffd", v)
+                elif isinstance(v, (dict, list)):
+                    stack.append(v)
+            continue
+        items = list(node.items())
+        node.clear()
+        for k, v in items:
+            if isinstance(v, str):
+                v = _SURROGATE.sub("\ufffd", v)
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
+            node[_SURROGATE.sub("\ufffd", k)] = v
+    return value
+
+
+# The most a count in a record may be: no process makes more calls. A larger one is a hostile or broken
+# record, skipped: a few near Python's 4,300-digit limit summed over processes could no longer be printed.
+MAX_COUNT = 2**63 - 1
+
+
+def is_count(v: Any) -> bool:
+    """``v`` is a count a record can hold: a plain int (not a bool) from 0 to ``MAX_COUNT``."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
 
 
 def int_field(record: Any, key: str) -> int | None:

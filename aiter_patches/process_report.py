@@ -18,6 +18,7 @@ Command lines are never logged: they can hold secrets (API keys).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import multiprocessing
@@ -36,7 +37,7 @@ MARKER = "aiter_patches status: "
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TP_RANK", "DP_RANK",
                   "VLLM_DP_RANK", "SGLANG_DP_RANK")
 
-_STATE_ORDER = ("applied", "skipped", "pending", "disabled", "inactive")
+_STATE_ORDER = ("applied", "check_failed", "skipped", "pending", "disabled", "inactive")
 
 _via: list[str] = []
 _last_logged: tuple | None = None
@@ -296,7 +297,8 @@ def _well_shaped(record: dict[str, Any]) -> bool:
     for p in patches:
         if not (isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("state"), str)
                 and isinstance(p.get("reason", ""), str) and isinstance(p.get("targets", []), list)
-                and _is_str_list(p.get("foreign_layers", []))):
+                and _is_str_list(p.get("foreign_layers", []))
+                and log_records.is_count(p.get("foreign_layers_more", 0))):
             return False
         for t in p.get("targets", []):
             if not (isinstance(t, dict) and _is_str_list(t.get("aliases", []))):
@@ -331,7 +333,12 @@ def scan_log(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
 
 
 def _open_log(path: str) -> TextIO:
-    return sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")
+    """The log as text, bytes that are not UTF-8 replaced, from a file or from stdin (``kubectl logs ... | ``):
+    stdin's own text layer is strict, and one stray byte made its read raise (found by issue 35's fuzz pass)."""
+    if path != "-":
+        return open(path, encoding="utf-8", errors="replace")
+    raw = getattr(sys.stdin, "buffer", None)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace") if raw is not None else sys.stdin
 
 
 def print_log_status(path: str, *, as_json: bool) -> int:
@@ -344,8 +351,10 @@ def print_log_status(path: str, *, as_json: bool) -> int:
     try:
         lines = list(stream)
     finally:
-        if stream is not sys.stdin:
+        if path != "-":
             stream.close()
+        elif stream is not sys.stdin:
+            stream.detach()  # stdin's own buffer stays open
     records, odd = scan_log(lines)
     stats_records, odd_stats = stats_log.scan_stats(lines)
     if odd or odd_stats:
@@ -359,9 +368,16 @@ def print_log_status(path: str, *, as_json: bool) -> int:
         print(json.dumps({"processes": records, "stats": sums}, indent=2, default=str))
         return 0
     for record in records:
-        print(summary_line(record).removeprefix("aiter_patches: "))
+        _print(summary_line(record).removeprefix("aiter_patches: "))
     if sums:
-        print("counts (the latest stats line of each process, summed):")
+        _print("counts (the latest stats line of each process, summed):")
         for text in stats_log.render(sums):
-            print("  " + text)
+            _print("  " + text)
     return 0
+
+
+def _print(text: str) -> None:
+    """``text`` on stdout, what its encoding cannot write as escapes: JSON's ``"\\ud800"`` decodes to a lone
+    surrogate, which a UTF-8 stdout refuses (a traceback, found by issue 35's fuzz pass)."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding))

@@ -20,6 +20,7 @@ from .core.catalog import patches, register, unregister
 from .core.chains import chain_head, visit_chains
 from .core.declarations import (
     APPLIED,
+    CHECK_FAILED,
     DISABLED,
     INACTIVE,
     PENDING,
@@ -50,7 +51,7 @@ def suspended() -> Iterator[None]:
 
 
 __all__ = [
-    "APPLIED", "DISABLED", "INACTIVE", "PENDING", "SKIPPED",
+    "APPLIED", "CHECK_FAILED", "DISABLED", "INACTIVE", "PENDING", "SKIPPED",
     "ApplyReport", "CheckResult", "Patch", "PatchSkipped", "Site", "SourcePin", "Target",
     "about_to_apply", "apply", "chain_head", "counters", "patches", "register", "reset_stats", "revert", "state",
     "stats", "status", "suspended", "unregister", "unwrap_foreign", "visit_chains",

@@ -51,6 +51,12 @@ class PatchCounters:
         self._fast = 0
         self._fallback: dict[str, int] = {}
         self._errors: dict[str, int] = {}
+        self._checks = [0, 0]  # the self-check's calls compared with AITER's: [passed, failed] (self_check.py)
+
+    def checked(self, ok: bool) -> None:
+        """One self-checked call: its outputs equalled AITER's (``ok``) or not."""
+        with self._lock:
+            self._checks[0 if ok else 1] += 1
 
     def hit(self) -> None:
         with self._lock:
@@ -92,6 +98,8 @@ class PatchCounters:
                 "fast": self._fast,
                 "fallback": dict(self._fallback),
                 "errors": dict(self._errors),
+                "checks_passed": self._checks[0],
+                "checks_failed": self._checks[1],
             }
 
     def after_fork_in_child(self) -> None:
@@ -103,6 +111,7 @@ class PatchCounters:
             self._fast = 0
             self._fallback.clear()
             self._errors.clear()
+            self._checks = [0, 0]
 
 
 def triton_backend_reason(device) -> str | None:
@@ -112,4 +121,5 @@ def triton_backend_reason(device) -> str | None:
         return None
     if kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return None
-    return f"tensors on {device}: no Triton backend there (TRITON_INTERPRET=1 runs the kernels on CPU)"
+    # the device's type, not its index: a reason is a category (issue 35)
+    return f"tensors on {kind}: no Triton backend there (TRITON_INTERPRET=1 runs the kernels on CPU)"

@@ -142,6 +142,9 @@ def _at_exit() -> None:
         log_stats("exit")
 
 
+CHECK_FIELDS = ("checks_passed", "checks_failed")  # the self-check's calls (self_check.py), in the lines when > 0
+
+
 def _minus(now: dict[str, int], base: dict[str, int]) -> dict[str, int]:
     return {k: v - base.get(k, 0) for k, v in now.items() if v - base.get(k, 0) > 0}
 
@@ -150,13 +153,14 @@ def records() -> list[dict[str, Any]]:
     """This process's counts per applied patch (since its start, or its fork), with the foreign layers seen."""
     out = []
     for name, snap in registry.stats().items():  # one foreign-layer scan, with the counts
-        if registry.state(name) != registry.APPLIED:
+        if registry.state(name) not in (registry.APPLIED, registry.CHECK_FAILED):
             continue
         base = _baseline.get(name, {})
         out.append({
             "pid": os.getpid(),
             "patch": name,
             "fast": snap.get("fast", 0) - base.get("fast", 0),
+            **{k: snap.get(k, 0) - base.get(k, 0) for k in CHECK_FIELDS},
             "fallback": _minus(snap.get("fallback", {}), base.get("fallback", {})),
             "errors": _minus(snap.get("errors", {}), base.get("errors", {})),
             "foreign_layers": list(snap.get("foreign_layers", [])),
@@ -241,12 +245,14 @@ def log_stats(at: str) -> None:
         for fn in list(_before_lines):  # process_report: a foreign layer seen since the last status line gets one
             fn()
         for rec in records():
-            counts = json.dumps([rec["fast"], rec["fallback"], rec["errors"], rec["foreign_layers"]], sort_keys=True)
+            checks = {k: rec[k] for k in CHECK_FIELDS if rec.get(k)}
+            counts = json.dumps([rec["fast"], rec["fallback"], rec["errors"], rec["foreign_layers"], checks],
+                                sort_keys=True)
             if at == "interval" and _last.get(rec["patch"]) == counts:
                 continue
             _last[rec["patch"]] = counts
-            log.info("%s", line({"pid": rec["pid"], "patch": rec["patch"], "at": at,
-                                 **{k: rec[k] for k in ("fast", "fallback", "errors", "foreign_layers")}}))
+            log.info("%s", line({"pid": rec["pid"], "patch": rec["patch"], "at": at, "fast": rec["fast"], **checks,
+                                 **{k: rec[k] for k in ("fallback", "errors", "foreign_layers")}}))
     except Exception:  # reporting must never break a server, least of all at exit
         log.debug("aiter_patches: could not write the stats lines", exc_info=True)
 
@@ -254,14 +260,13 @@ def log_stats(at: str) -> None:
 # ---------------------------------------------------------------- reading a log back
 
 def _counts(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool)
-                                       for k, n in v.items())
+    return isinstance(v, dict) and all(isinstance(k, str) and log_records.is_count(n) for k, n in v.items())
 
 
 def _well_shaped(rec: dict[str, Any]) -> bool:
-    """The fields ``summed`` reads have the types a stats line writes (each optional)."""
-    fast = rec.get("fast", 0)
-    if not isinstance(fast, int) or isinstance(fast, bool):
+    """The fields ``summed`` reads have the types a stats line writes (each optional), counts within
+    ``log_records.MAX_COUNT``."""
+    if not all(log_records.is_count(rec.get(key, 0)) for key in ("fast", *CHECK_FIELDS)):
         return False
     if not all(_counts(rec.get(k, {})) for k in ("fallback", "errors", "fallback_more", "errors_more")):
         return False
@@ -303,9 +308,10 @@ def summed(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     seen_by: dict[str, set] = {}  # per patch, the foreign layers listed (a list's ``in`` made this quadratic)
     for rec in records_:
         s = out.setdefault(rec["patch"], {"processes": 0, "fast": 0, "fallback": {}, "errors": {},
-                                          "foreign_layers": []})
+                                          "foreign_layers": [], **dict.fromkeys(CHECK_FIELDS, 0)})
         s["processes"] += 1
-        s["fast"] += rec.get("fast", 0) if isinstance(rec.get("fast"), int) else 0
+        for key in ("fast", *CHECK_FIELDS):
+            s[key] += rec.get(key, 0) if isinstance(rec.get(key), int) else 0
         _add(s["fallback"], rec.get("fallback"))
         _add(s["errors"], rec.get("errors"))
         for key in ("fallback_more", "errors_more"):
@@ -329,6 +335,9 @@ def render(sums: dict[str, dict[str, Any]]) -> list[str]:
         n_fb = sum(s["fallback"].values()) + s.get("fallback_more", {}).get("calls", 0)
         n_err = sum(s["errors"].values()) + s.get("errors_more", {}).get("calls", 0)
         text = f"{name}: {s['fast']} fast-path hits, {n_fb} fallbacks, {n_err} errors over {s['processes']} processes"
+        if s.get("checks_passed") or s.get("checks_failed"):
+            text += (f"; self-check: {s.get('checks_passed', 0)} calls equal to AITER's, "
+                     f"{s.get('checks_failed', 0)} different")
         out.append(text)
         for reason, n in sorted(s["fallback"].items(), key=lambda kv: -kv[1]):
             out.append(f"    fallback {n}: {reason}")

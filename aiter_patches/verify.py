@@ -62,13 +62,18 @@ def run(device: str | None = None, names: Sequence[str] | None = None) -> tuple[
 
     Every patch is applied; ``names`` (default: all) says whose checks run and get a row.
     """
+    return with_aiter(device, lambda dev: _run_all(dev, names))
+
+
+def with_aiter(device: str | None, body: Callable) -> tuple:
+    """``(body(device), the AITER used)``: with AMD's AITER where it imports, else inside the stand-in."""
     import torch
 
     use_triton_interpreter_without_gpu()
     dev = torch.device(device) if device else default_device()
     problem = real_aiter_problem()
     if problem is None:
-        return _run_all(dev, names), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
+        return body(dev), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
     for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
         if not _is_stand_in(sys.modules.get("aiter")):
             del sys.modules[name]
@@ -76,7 +81,7 @@ def run(device: str | None = None, names: Sequence[str] | None = None) -> tuple[
 
     with aiter_patches_standin.use():
         import_stand_in_targets()  # the registry says which modules the patches target
-        rows = _run_all(dev, names)
+        rows = body(dev)
     return rows, f"the aiter_patches stand-in (no real AITER: {problem})"
 
 

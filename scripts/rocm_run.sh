@@ -4,7 +4,7 @@
 #   bash scripts/rocm_run.sh --dry-run          # print the steps and write the report skeleton, run nothing
 #   bash scripts/rocm_run.sh verify bench       # some steps only (names below)
 # Steps: env (ROCm torch + GPU + AMD's AITER present), gpu-tests (pytest -m gpu), verify (aiter-patches
-# verify on this AITER), code-objects (the .co metadata check on this AITER's GEMM kernels), precompile
+# verify --model $MODEL on this AITER: the checks and the self-check at every token bucket), code-objects (the .co metadata check on this AITER's GEMM kernels), precompile
 # (aiter-patches compile --cache-dir), serving-loop (0 JIT compiles with that cache), bench (patched vs
 # AITER's own kernels). A failing step is recorded and the next one runs; the exit status is 1 if any failed.
 # Settings (environment): OUT=rocm-out  MODEL=deepseek-v3 (deepseek-v3 | qwen3-235b | minimax-m3 | kimi-k3)
@@ -85,7 +85,7 @@ for step in "${steps[@]}"; do
   case $step in
     env) run_step env "$PY" scripts/rocm_report.py --preflight ;;
     gpu-tests) run_step gpu-tests "$PY" -m pytest -m gpu -q -p no:cacheprovider tests ;;
-    verify) run_step verify "$PY" -m aiter_patches verify ;;
+    verify) run_step verify "$PY" -m aiter_patches verify --model "$MODEL" ;;
     code-objects) run_step code-objects "$PY" scripts/check_code_objects.py ;;
     precompile)
       if [ $DRY -eq 0 ] && ! has_compile; then

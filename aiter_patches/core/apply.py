@@ -28,7 +28,7 @@ from typing import Iterable
 
 from .. import runtime
 from . import catalog, env, events, fork, import_hooks, install, needs, state, status  # noqa: F401 (fork: its handler)
-from .declarations import APPLIED, DISABLED, INACTIVE, PENDING, SKIPPED, Patch, PatchSkipped
+from .declarations import APPLIED, CHECK_FAILED, DISABLED, INACTIVE, PENDING, SKIPPED, Patch, PatchSkipped
 from .revert import revert_one
 
 log = logging.getLogger("aiter_patches")
@@ -54,6 +54,8 @@ def apply(names: Iterable[str] | None = None, *, strict: bool | None = None) -> 
             if p.name not in wanted:
                 continue
             st = state.states[p.name]
+            if st.state == CHECK_FAILED:  # stood down for this process's life (revert.stand_down)
+                continue
             if p.name in disabled or p.name in off:
                 if st.state in (APPLIED, PENDING):
                     revert_one(p.name)
@@ -72,14 +74,15 @@ def revert(names: Iterable[str] | None = None) -> list[str]:
     Every binding the core changed that still holds its object gets the
     exact original back; a binding a third party changed since is left alone
     (logged), and the wrappers it may hold pass every call to the original.
-    Returns the names that were reverted (with the dependents of the named ones).
+    Returns the names that were reverted (with the dependents of the named ones). A patch that
+    stood down (``check_failed``) becomes ``inactive``: the next ``apply()`` applies it afresh.
     """
     all_patches = catalog.patches()
     requested = env.check_names(names, [p.name for p in all_patches], "revert()")
     done: list[str] = []
     with state.lock:
         for p in reversed(needs.apply_order()):
-            if p.name in requested and state.states[p.name].state in (APPLIED, PENDING):
+            if p.name in requested and state.states[p.name].state in (APPLIED, PENDING, CHECK_FAILED):
                 done += revert_one(p.name)
     events.emit(events.STATES_CHANGED, cause="revert")
     return done

@@ -11,7 +11,7 @@ import logging
 
 from ..runtime import PatchCounters
 from . import discovery, needs, revert, state
-from .declarations import APPLIED, PENDING, Patch
+from .declarations import APPLIED, CHECK_FAILED, PENDING, Patch
 
 log = logging.getLogger("aiter_patches")
 
@@ -26,7 +26,7 @@ def register(patch: Patch) -> Patch:
     """
     with state.lock:
         old = state.states.get(patch.name)
-        if old is not None and old.state in (APPLIED, PENDING):
+        if old is not None and old.state in (APPLIED, PENDING, CHECK_FAILED):
             raise ValueError(f"patch '{patch.name}' is {old.state}; revert it before re-registering")
         needs.validate(patch)
         state.declared[patch.name] = patch
@@ -41,7 +41,7 @@ def unregister(name: str) -> None:
         users = [p.name for p in state.declared.values() if name in p.needs and p.name != name]
         if users:
             raise ValueError(f"patch '{name}' is needed by {', '.join(sorted(users))}; unregister those first")
-        if name in state.states and state.states[name].state in (APPLIED, PENDING):
+        if name in state.states and state.states[name].state in (APPLIED, PENDING, CHECK_FAILED):
             revert.revert_one(name)
         state.declared.pop(name, None)
         state.states.pop(name, None)

@@ -29,8 +29,10 @@ from ..signatures import Binder, Pin
 if TYPE_CHECKING:  # for annotations only: runtime holds the counters' lock
     from ..runtime import PatchCounters
 
-# A patch's state, as status() reports it.
+# A patch's state, as status() reports it. CHECK_FAILED: it stood down for the process's life, its first
+# calls having differed from AITER's (``aiter_patches/self_check.py``); apply() leaves it down.
 APPLIED, SKIPPED, PENDING, DISABLED, INACTIVE = "applied", "skipped", "pending", "disabled", "inactive"
+CHECK_FAILED = "check_failed"
 
 
 class PatchSkipped(RuntimeError):
@@ -128,4 +130,5 @@ class Site:
     binder: Binder
     counters: "PatchCounters"
     below: str | None = None
+    stood_down: str | None = None  # why this layer hands every call to AITER: its self-check failed (self_check.py)
     needs_unmet: Callable[[], str | None] = _all_met

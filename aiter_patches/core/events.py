@@ -2,7 +2,10 @@
 
 The core emits; the modules above it (``process_report``, ``stats_log``,
 ``foreign_layers``) subscribe when they are imported, and ``aiter_patches/__init__``
-imports them. The core imports none of them, so it runs (and is tested) alone.
+imports them; so do the modules that own a lock (``call_key``'s verdict tables, the
+kernels' ``fast_launch`` and ``hip_blockscale_asm``, the sort-output pool) for
+``FORK_RENEW``, when they are imported. The core imports none of them, so it runs (and
+is tested) alone.
 
 Events, emitted to every subscriber in subscription order (a subscriber that
 raises is logged at DEBUG; nothing reaches the core's caller):

@@ -5,7 +5,9 @@ the child (that thread is gone), so the child gets fresh ones, and fork() waits
 (briefly) for a thread inside the core so that the child inherits consistent
 tables. The order matters and lives here only: the handler renews every lock
 first (the core's, the import hooks', each patch's counters', then every
-subscriber's through ``FORK_RENEW``: the foreign-layer memo's, the stats log's),
+subscriber's through ``FORK_RENEW``: the foreign-layer memo's, the stats log's,
+the verdict tables', the fast launcher's, the sort-output pool's, the asm
+launcher's),
 and only then restarts what runs code that takes them (the import waiters, then
 ``FORK_RESTART``: the stats thread, the child's summary). Handlers registered
 separately would run in import order, and a waiter restarted before the core's

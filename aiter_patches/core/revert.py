@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from . import aliases, chains, disarm, needs, state
-from .declarations import APPLIED, INACTIVE, PENDING, SKIPPED
+from .declarations import APPLIED, CHECK_FAILED, INACTIVE, PENDING, SKIPPED
 
 log = logging.getLogger("aiter_patches")
 
@@ -29,12 +29,31 @@ def revert_one(name: str, reason: str = "reverted") -> list[str]:
     return done + _take_off(name, reason)
 
 
+def stand_down(name: str, reason: str) -> bool:
+    """Applied patch ``name`` stood down for this process's life: its state becomes ``check_failed`` with
+    ``reason`` (its first calls differed from AITER's, ``self_check.py``). Its wrappers stay where they are
+    and hand every call to AITER (their sites say so: ``Site.stood_down``), so a caller passing the patch's
+    keyword (``out_zeroed=True``, ``moe_addend=``) still gets AITER's result, and the patches that need it
+    go on. ``apply()`` leaves it so; ``revert()`` takes it off (``inactive``), and the next ``apply()``
+    applies it afresh. False if it was not applied. Takes the core's lock: never call it holding another."""
+    with state.lock:
+        st = state.states[name]
+        if st.state != APPLIED:
+            return False
+        st.set(CHECK_FAILED, reason, st.targets)
+        for chain in state.chains.values():  # every layer of it: the wrappers read their site when deciding
+            for layer in chain.layers:
+                if layer.patch.name == name:
+                    layer.site.stood_down = reason
+    return True
+
+
 def _take_off(name: str, reason: str) -> list[str]:
     st = state.states[name]
     was = st.state
     st.set(INACTIVE, reason)
     state.drop_unused_watches()
-    if was != APPLIED:
+    if was not in (APPLIED, CHECK_FAILED):  # a patch that stood down keeps its layers until reverted
         return [name]
     aliases.rewrap_foreign(name)
     casualties: list[str] = []

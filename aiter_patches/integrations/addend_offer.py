@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..patches.moe import call as moe_call
+from ..reasons import with_values
 from . import compile_state
 
 FOLD = "moe_addend_fold"
@@ -30,8 +31,10 @@ def reason(bound: dict, problems: list[str], add: Any, takes_addend: bool,
     if bound.get("output") is not None:
         return "fused_moe(output=...): a caller-owned buffer"
     if tuple(add.shape) != (ids.shape[0], w2.shape[1]) or add.dtype != dtype or add.device != ids.device:
-        return (f"shared output {list(add.shape)} {add.dtype} is not fused_moe's output "
-                f"[{ids.shape[0]}, {w2.shape[1]}] {dtype} (padded hidden size, other dtype)")
+        # a category (issue 35: reasons are counted per text), the shapes, which hold the token count, at DEBUG
+        return with_values("shared output is not fused_moe's output [tokens, w2.shape[1]] in its dtype on its device "
+                           "(padded hidden size, other dtype)", shared=(list(add.shape), add.dtype, add.device),
+                           output=([ids.shape[0], w2.shape[1]], dtype, ids.device))
     if stream_of(ids.device) != shared_stream:
         return "the routed call runs on another stream than the shared experts"
     return None

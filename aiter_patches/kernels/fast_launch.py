@@ -38,7 +38,9 @@ and every non-tensor argument are bound once, and a call reads only the tensors'
 
 The cache holds compiled kernels and keys made of Python scalars and dtypes: never a tensor,
 so nothing created during a CUDA-graph capture outlives it, and it never syncs the device. A
-launch inside a capture is recorded like Triton's (same launcher, same stream).
+launch inside a capture is recorded like Triton's (same launcher, same stream). It is bounded
+over a server's life: :data:`MAX_KERNELS` kernels, :data:`MAX_VARIANTS` argument patterns and
+keys per kernel and device, 64 keys per :class:`Prepared`; past a cap, ordinary launches.
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ from typing import Any
 import torch
 
 from .. import env_flags
+from ..core import events
 from . import device_stream
 
 MAX_VARIANTS = 4096  # keys per kernel and device (ints are keyed by value); past it: ordinary launches
+MAX_KERNELS = 256  # JITFunctions seen (the package has a handful); past it a new one gets ordinary launches
 
 # The kwargs Triton's run() folds into the options, and where it reads them (checked against
 # the installed source: a Triton that adds another one turns the fast path off).
@@ -86,7 +90,7 @@ def _refuse_other_device(t, current: int | None = None) -> None:
 
 
 _lock = threading.Lock()
-_kernels: dict[int, tuple[Any, "_Kernel | None"]] = {}  # id(fn) -> (fn, state); None: never direct
+_kernels: dict[int, tuple[Any, "_Kernel | None"]] = {}  # id(fn) -> (fn, state); None: never direct; MAX_KERNELS
 _status: dict[str, Any] = {"available": None, "reason": "", "spec_api": None}
 _backend_specs: dict[type, tuple[bool, Any, str]] = {}  # backend class -> (native, spec maker, refusal)
 _log = logging.getLogger(__name__)
@@ -379,6 +383,8 @@ def _kernel_state(fn) -> "_Kernel | None":
     from triton.runtime.jit import JITFunction
 
     state = None
+    if len(_kernels) >= MAX_KERNELS:  # kernels made at run time, one per call: never kept, Triton launches them
+        return None
     if isinstance(fn, JITFunction) and available()[0]:
         from triton import knobs
         from triton.runtime import driver
@@ -391,6 +397,16 @@ def _kernel_state(fn) -> "_Kernel | None":
     with _lock:
         _kernels[id(fn)] = (fn, state)  # holding fn keeps its id from being reused
     return state
+
+
+def _renew_lock_after_fork() -> None:
+    """``FORK_RENEW``: a fresh lock in a forked child (issue 31): a thread of the parent may have held it while
+    keeping a kernel, and that thread is gone. Never blocks."""
+    global _lock
+    _lock = threading.Lock()
+
+
+events.subscribe(events.FORK_RENEW, _renew_lock_after_fork)
 
 
 def _hook_idle(h) -> bool:

@@ -44,6 +44,8 @@ import torch
 
 from .. import aiter_contract as contract
 from ..aiter_contract import aligned_split  # AITER's split rule
+from ..core import events
+from ..reasons import with_values
 from . import code_object
 
 log = logging.getLogger(__name__)
@@ -258,21 +260,25 @@ def unsupported_reason(A, B, out, A_scale, B_scale) -> str | None:
             return f"{name} rows are not contiguous"
     if out.dim() != 2 or out.dtype != torch.bfloat16 or out.stride(1) != 1:
         return "out is not a bf16 [M, N] tensor with contiguous rows"
+    # reasons name the rule broken, never the call's shapes (issue 35: they are counted per reason); those go
+    # to DEBUG once per reason (reasons.with_values)
     M, K = A.shape
     N = out.shape[1]
     if out.shape[0] != M or tuple(B.shape) != (N, K):
-        return f"shapes: A {tuple(A.shape)}, B {tuple(B.shape)}, out {tuple(out.shape)} are not [M, K], [N, K], [M, N]"
+        return with_values("shapes: A, B, out are not [M, K], [N, K], [M, N]", A=tuple(A.shape), B=tuple(B.shape),
+                           out=tuple(out.shape))
     if N % SCALE_BLOCK_N or K % TILE_K:
-        return f"N={N} and K={K} must be multiples of 128"
+        return with_values("N and K must be multiples of 128", N=N, K=K)
     if not B.is_contiguous():
         return "B is not contiguous (the pre-shuffled layout is read as one block)"
-    for name, t, n in (("A_scale", A_scale, M * (K // TILE_K)),
-                       ("B_scale", B_scale, (N // SCALE_BLOCK_N) * (K // SCALE_BLOCK_K))):
+    for name, t, n, size in (("A_scale", A_scale, M * (K // TILE_K), "M x K/128"),
+                             ("B_scale", B_scale, (N // SCALE_BLOCK_N) * (K // SCALE_BLOCK_K), "N/128 x K/128")):
         if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n:
-            return f"{name} is not a contiguous fp32 tensor of {n} values"
+            return with_values(f"{name} is not a contiguous fp32 tensor of {size} values", values=t.numel(),
+                               expected=n, dtype=t.dtype)
     for name, t in (("B", B), ("out", out), ("A_scale", A_scale), ("B_scale", B_scale)):
         if t.device != A.device:
-            return f"{name} is on {t.device}, A on {A.device}"
+            return with_values(f"{name} is not on A's device", device=t.device, A=A.device)
     return None
 
 
@@ -288,7 +294,7 @@ def available(device, aiter_root: str | None) -> str | None:
         return "torch is not a ROCm build"
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        return f"{device} is not a ROCm GPU"
+        return f"{device.type} device is not a ROCm GPU"  # the type, not the index: a category
     gfx = gfx_of(device)
     if gfx not in SUPPORTED_GFX:
         return f"GPU arch {gfx} is not one of {SUPPORTED_GFX}"
@@ -326,7 +332,13 @@ def code_object_reason(aiter_root: str, gfx: str, cfg: AsmKernel) -> str | None:
     return _checked_code_object(code_object_path(aiter_root, gfx, cfg), cfg.knl_name, gfx)
 
 
-_co_checks: dict[tuple[str, str, str], str | None] = {}
+# Caps of this module's maps (issue 35: bounded over a server's life). Their keys come from AITER's kernel
+# lists (a dozen files per arch), the devices and the GEMMs' N, so a server stays far below them; past a cap
+# a file is checked again per call, a bias made per call, a code object not loaded (its calls go to AITER).
+MAX_CODE_OBJECTS = 256
+MAX_ZERO_BIASES = 1024
+
+_co_checks: dict[tuple[str, str, str], str | None] = {}  # MAX_CODE_OBJECTS at most
 _co_lock = threading.Lock()
 
 
@@ -337,20 +349,25 @@ def _checked_code_object(path: str, knl_name: str, gfx: str) -> str | None:
     except KeyError:
         pass
     with _co_lock:
-        if key not in _co_checks:
-            _co_checks[key] = _check_code_object(path, knl_name, gfx)
-        return _co_checks[key]
+        if key in _co_checks:
+            return _co_checks[key]
+        keep = len(_co_checks) < MAX_CODE_OBJECTS
+        reason = _check_code_object(path, knl_name, gfx, warn=keep)  # past the cap: no WARNING per call
+        if keep:
+            _co_checks[key] = reason
+        return reason
 
 
-def _check_code_object(path: str, knl_name: str, gfx: str) -> str | None:
+def _check_code_object(path: str, knl_name: str, gfx: str, warn: bool = True) -> str | None:
     try:
         reason = code_object.layout_mismatch(code_object.read_code_object(path), knl_name, gfx, LAUNCH_LAYOUT)
     except code_object.CodeObjectError as exc:
         reason = str(exc)
     if reason is None:
         return None
-    log.warning("aiter_patches: AITER's code object %s does not match this launcher's arguments and will not "
-                "be launched (its calls stay with AITER): %s", path, reason)
+    if warn:
+        log.warning("aiter_patches: AITER's code object %s does not match this launcher's arguments and will not "
+                    "be launched (its calls stay with AITER): %s", path, reason)
     return f"{os.path.basename(path)}: {reason}"
 
 
@@ -406,6 +423,8 @@ class AsmLauncher:
             fn = self._functions.get(key)
             if type(fn) is _LoadFailed:
                 raise RuntimeError(f"{fn} (failed before in this process: not tried again)")
+            if fn is None and len(self._functions) >= MAX_CODE_OBJECTS:  # a module is never unloaded: not one more
+                raise RuntimeError(f"not loading {co_path}: {MAX_CODE_OBJECTS} code objects loaded already")
             if fn is None:
                 try:
                     reason = _checked_code_object(co_path, knl_name, gfx)
@@ -449,7 +468,31 @@ class AsmLauncher:
 
 
 _launcher: AsmLauncher | None = None
-_zero_bias: dict[tuple[int, int], torch.Tensor] = {}
+_zero_bias: dict[tuple[int, int], torch.Tensor] = {}  # (device index, N) -> zeros [1, N]; MAX_ZERO_BIASES at most
+
+
+def _zero_bias_of(device: torch.device, N: int) -> torch.Tensor:
+    """The kernel's zero bias row for ``N`` outputs on ``device``, kept per (device, N)."""
+    key = (device.index, N)
+    bias = _zero_bias.get(key)
+    if bias is None:
+        bias = torch.zeros(1, N, dtype=torch.float32, device=device)
+        # made under capture, its zeros would exist only once the graph replays
+        if len(_zero_bias) < MAX_ZERO_BIASES and not torch.cuda.is_current_stream_capturing():
+            _zero_bias[key] = bias
+    return bias
+
+
+def _renew_locks_after_fork() -> None:
+    """``FORK_RENEW``: fresh locks in a forked child (issue 31): a thread of the parent may have held the code
+    object check's or the launcher's lock, and that thread is gone. Never blocks."""
+    global _co_lock
+    _co_lock = threading.Lock()
+    if _launcher is not None:
+        _launcher._lock = threading.Lock()
+
+
+events.subscribe(events.FORK_RENEW, _renew_locks_after_fork)
 
 
 def _get_launcher() -> AsmLauncher:
@@ -506,13 +549,7 @@ def launch_planned(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, A_scale:
     M = A.shape[0]
     N = out.shape[1]
     if bias is None:
-        key = (A.device.index, N)
-        bias = _zero_bias.get(key)
-        if bias is None:
-            bias = torch.zeros(1, N, dtype=torch.float32, device=A.device)
-            if not torch.cuda.is_current_stream_capturing():
-                # made under capture, its zeros would exist only once the graph replays
-                _zero_bias[key] = bias
+        bias = _zero_bias_of(A.device, N)
     launcher = _get_launcher()
     fn = launcher.function(A.device.index, code_object_path(aiter_root, gfx, cfg), cfg.knl_name, gfx)
     args = kernel_args(A, B, out, A_scale, B_scale, bias, split)

@@ -92,6 +92,7 @@ import triton
 import triton.language as tl
 
 from .. import aiter_contract as contract
+from ..reasons import with_values
 from .fast_launch import Prepared, launch, run_prepared
 
 
@@ -771,21 +772,23 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
     if (topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32
             or not topk_weights.is_contiguous() or topk_weights.device != dev):
         return "topk_weights not contiguous fp32 shaped like topk_ids"
+    # reasons name the limit met, never the call's values (issue 35: they are counted per reason); those go
+    # to DEBUG once per reason (reasons.with_values)
     if not 1 <= K <= MAX_TOPK:
-        return f"topk {K} outside 1..{MAX_TOPK}"
+        return with_values(f"topk outside 1..{MAX_TOPK}", topk=K)
     if not 1 <= num_experts <= MAX_EXPERTS:
-        return f"num_experts {num_experts} outside 1..{MAX_EXPERTS}"
+        return with_values(f"num_experts outside 1..{MAX_EXPERTS}", num_experts=num_experts)
     if num_experts < K:
-        return f"num_experts {num_experts} < topk {K}"
+        return with_values("num_experts < topk", num_experts=num_experts, topk=K)
     if block_size not in (16, 32, 64, MAX_BLOCK):
-        return f"block_size {block_size} not in 16/32/64/128"
+        return with_values("block_size not in 16/32/64/128", block_size=block_size)
     if M >= 1 << contract.TOKEN_BITS:
-        return f"tokens {M} do not fit the 24-bit token field"
+        return with_values("tokens do not fit the 24-bit token field", tokens=M)
     n_sorted, _ = sort_sizes(M, K, num_experts, block_size)
     if n_sorted > INT32_LIMIT // 4:
-        return f"tokens {M} > int32 offset limit"
+        return with_values("tokens > int32 offset limit", tokens=M, topk=K, num_experts=num_experts)
     if model_dim < 1 or model_dim > INT32_LIMIT // max(M, 1):
-        return f"model_dim {model_dim} x tokens {M} > int32 offset limit"
+        return with_values("model_dim x tokens > int32 offset limit", model_dim=model_dim, tokens=M)
     if expert_mask is not None and (expert_mask.dtype != torch.int32 or expert_mask.dim() != 1
                                     or expert_mask.numel() < num_experts
                                     or not expert_mask.is_contiguous() or expert_mask.device != dev):
@@ -800,7 +803,8 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
         if buf.device != dev or buf.dtype not in _MOE_BUF_DTYPES or buf.dim() != 2:
             return f"{name} not a 2-D bf16/fp16/fp32 tensor on the ids' device"
         if buf.shape[0] != M or buf.shape[1] != model_dim:
-            return f"{name} shape {tuple(buf.shape)} != ({M}, {model_dim})"
+            return with_values(f"{name} shape != (tokens, model_dim)", shape=tuple(buf.shape), tokens=M,
+                               model_dim=model_dim)
     if moe_buf is not None and not moe_buf.is_contiguous():
         return "moe_buf not contiguous"
     if moe_buf_init is not None and moe_buf_init.stride(1) != 1:
@@ -820,11 +824,11 @@ def unsupported_reason(topk_ids, topk_weights, num_experts, model_dim, block_siz
             return "quant_input not contiguous"
         N = quant_input.shape[1]
         if N % 32 or not 32 <= N <= MAX_MODEL_DIM:
-            return f"quant_input width {N} not a multiple of 32 in 32..{MAX_MODEL_DIM}"
+            return with_values(f"quant_input width not a multiple of 32 in 32..{MAX_MODEL_DIM}", width=N)
         if math.prod(contract.mx_scale_shape(n_sorted, N)) > INT32_LIMIT:
-            return f"tokens {M} > int32 offset limit (scale buffer)"
+            return with_values("tokens > int32 offset limit (scale buffer)", tokens=M, width=N)
         if M * max(quant_input.stride(0), N) > INT32_LIMIT * 2:
-            return f"tokens {M} > int32 offset limit (quant input)"
+            return with_values("tokens > int32 offset limit (quant input)", tokens=M, row_stride=quant_input.stride(0))
     return None
 
 

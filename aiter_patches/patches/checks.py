@@ -147,6 +147,21 @@ def bf16_moe_inputs(device, M=5, E=8, topk=2, dim=256, inter=128, seed=3) -> dic
     return dict(hidden_states=x, w1=w1, w2=w2, topk_weight=w, topk_ids=ids)
 
 
+def mxfp4_moe_inputs(aiter, device, M=5, E=8, topk=2, dim=256, inter=128, seed=3) -> dict:
+    """``fused_moe`` keyword arguments with MXFP4 weights (per_1x32: the stage-1 MX quant runs): random fp4
+    bytes, e8m0 scales near 1."""
+    g = torch.Generator().manual_seed(seed)
+    ids, w = routing(M, E, topk, device, seed)
+    x = torch.randn(M, dim, generator=g).to(torch.bfloat16).to(device)
+    fp4, e8m0 = aiter.dtypes.fp4x2, aiter.dtypes.fp8_e8m0
+    w1 = torch.randint(0, 256, (E, 2 * inter, dim // 2), generator=g, dtype=torch.uint8).view(fp4)
+    w2 = torch.randint(0, 256, (E, dim, inter // 2), generator=g, dtype=torch.uint8).view(fp4)
+    s1 = torch.randint(118, 122, (E, 2 * inter, dim // 32), generator=g, dtype=torch.uint8).view(e8m0)
+    s2 = torch.randint(118, 122, (E, dim, inter // 32), generator=g, dtype=torch.uint8).view(e8m0)
+    return dict(hidden_states=x, topk_weight=w, topk_ids=ids, w1=w1.to(device), w2=w2.to(device),
+                quant_type=aiter.QuantType.per_1x32, w1_scale=s1.to(device), w2_scale=s2.to(device))
+
+
 def whole_fused_moe_bitwise(args: dict) -> list[str]:
     """``fused_moe(**args)`` patched vs. unpatched, bit for bit; the sort + quant's fast path must be taken."""
     _, fm = aiter_modules()

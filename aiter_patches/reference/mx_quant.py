@@ -184,52 +184,69 @@ def mx_quant_moe_sort_reference(
     M, N = input.shape
     data_rows, row_scale = mx_quant_rows(input.to(torch.float32), quant_dtype)
     n_rows, scale_n_pad = scale_shape(sorted_ids.numel(), N)
-    n_groups = N // GROUP
+    r, tok, zero_w = _live_rows(sorted_ids, num_valid_ids, sorted_weights, token_num, fused)
+    row_bytes = row_scale.to(torch.int64)[tok]  # [R, G]
+    row_bytes = torch.where(zero_w.unsqueeze(1), torch.zeros_like(row_bytes), row_bytes)
+    addr = _scale_addresses(r, N, scale_n_pad)
+    scale = torch.zeros(n_rows * scale_n_pad, dtype=torch.uint8, device=dev)
+    scale[addr.reshape(-1)] = row_bytes.reshape(-1).to(torch.uint8)
+    data_defined, quantized = _data_rows(M, tok, zero_w, num_valid_ids, token_num, fused)
+    data = torch.zeros_like(data_rows)
+    data[quantized] = data_rows[quantized]
+    return MxQuantSortResult(
+        data=data.view(quant_dtype),
+        scale=scale.view(n_rows, scale_n_pad).view(torch.float8_e8m0fnu),
+        data_defined=data_defined,
+        scale_defined=mx_quant_defined(sorted_ids, num_valid_ids, sorted_weights, token_num, M, N, fused=fused)[1],
+    )
 
-    nv = int(num_valid_ids[0])
-    T = int(num_valid_ids[1])
+
+def mx_quant_defined(sorted_ids: torch.Tensor, num_valid_ids: torch.Tensor, sorted_weights: torch.Tensor | None,
+                     token_num: int, M: int, N: int, *, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(data_defined [M], scale_defined [scale rows, scale columns])``: the positions AITER's stage-1 quant
+    writes deterministically (:func:`mx_quant_moe_sort_reference` says which), computed without quantizing,
+    on the tensors' device: what a comparison of two quants masks by (the self-check's, on the GPU)."""
+    n_rows, scale_n_pad = scale_shape(sorted_ids.numel(), N)
+    r, tok, zero_w = _live_rows(sorted_ids, num_valid_ids, sorted_weights, token_num, fused)
+    scale_defined = torch.zeros(n_rows * scale_n_pad, dtype=torch.bool, device=sorted_ids.device)
+    scale_defined[_scale_addresses(r, N, scale_n_pad).reshape(-1)] = True
+    data_defined, _ = _data_rows(M, tok, zero_w, num_valid_ids, token_num, fused)
+    return data_defined, scale_defined.view(n_rows, scale_n_pad)
+
+
+def _live_rows(sorted_ids, num_valid_ids, sorted_weights, token_num: int, fused: bool):
+    """The sorted rows AITER quantizes ``r``, their tokens ``tok``, and which of them it zeroes (weight 0)."""
+    nv, T = (int(v) for v in num_valid_ids[:2].tolist())
+    dev = sorted_ids.device
     r = torch.arange(nv, device=dev)
-    ids = sorted_ids[:nv].to(torch.int64)
-    tok = ids & 0xFFFFFF
-    if fused:
-        live = tok < token_num
-    else:
-        live = tok < min(T, token_num)
+    tok = sorted_ids[:nv].to(torch.int64) & 0xFFFFFF
+    live = tok < (token_num if fused else min(T, token_num))
     r, tok = r[live], tok[live]
-    if sorted_weights is not None:
+    if sorted_weights is not None and fused:
         zero_w = sorted_weights[:nv][live] == 0.0
     else:
         zero_w = torch.zeros_like(tok, dtype=torch.bool)
-    if not fused:
-        zero_w = torch.zeros_like(zero_w)
+    return r, tok, zero_w
 
-    row_bytes = row_scale.to(torch.int64)[tok]  # [R, G]
-    row_bytes = torch.where(zero_w.unsqueeze(1), torch.zeros_like(row_bytes), row_bytes)
-    g = torch.arange(n_groups, device=dev)
-    addr = mx_scale_swizzle_index(r.unsqueeze(1), g.unsqueeze(0), scale_n_pad)
-    scale = torch.zeros(n_rows * scale_n_pad, dtype=torch.uint8, device=dev)
-    scale_defined = torch.zeros(n_rows * scale_n_pad, dtype=torch.bool, device=dev)
-    scale[addr.reshape(-1)] = row_bytes.reshape(-1).to(torch.uint8)
-    scale_defined[addr.reshape(-1)] = True
 
-    data = torch.zeros_like(data_rows)
+def _scale_addresses(r: torch.Tensor, N: int, scale_n_pad: int) -> torch.Tensor:
+    g = torch.arange(N // GROUP, device=r.device)
+    return mx_scale_swizzle_index(r.unsqueeze(1), g.unsqueeze(0), scale_n_pad)
+
+
+def _data_rows(M: int, tok, zero_w, num_valid_ids, token_num: int, fused: bool):
+    """``(defined, quantized)`` bool ``[M]``: the data rows AITER defines, and those it quantizes (the
+    others defined are zero)."""
+    dev = tok.device
     if fused:
         zero_seen = torch.zeros(M, dtype=torch.bool, device=dev)
         quant_seen = torch.zeros(M, dtype=torch.bool, device=dev)
         zero_seen[tok[zero_w]] = True
         quant_seen[tok[~zero_w]] = True
-        data_defined = zero_seen ^ quant_seen
-        data[quant_seen & ~zero_seen] = data_rows[quant_seen & ~zero_seen]
-    else:
-        data_defined = torch.arange(M, device=dev) < min(T, token_num)
-        data[data_defined] = data_rows[data_defined]
-
-    return MxQuantSortResult(
-        data=data.view(quant_dtype),
-        scale=scale.view(n_rows, scale_n_pad).view(torch.float8_e8m0fnu),
-        data_defined=data_defined,
-        scale_defined=scale_defined.view(n_rows, scale_n_pad),
-    )
+        return zero_seen ^ quant_seen, quant_seen & ~zero_seen
+    T = int(num_valid_ids[1])
+    defined = torch.arange(M, device=dev) < min(T, token_num)
+    return defined, defined
 
 
 def swizzle_scale_rows(row_scale: torch.Tensor) -> torch.Tensor:

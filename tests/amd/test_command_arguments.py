@@ -127,12 +127,12 @@ def variant(arch="gfx942"):
 
 def test_a_shape_the_kernel_refuses_is_an_error_unless_count_only(monkeypatch, capsys):
     spec = "experts=100,topk=65,hidden=64"
-    monkeypatch.setattr(command, "capture_all", fake_capture(idle_shapes=[(0, "gfx942", "topk 65 outside 1..64")]))
+    monkeypatch.setattr(command, "capture_all", fake_capture(idle_shapes=[(0, "gfx942", "topk outside 1..64")]))
     monkeypatch.setitem(sys.modules, "aiter_patches.amd.compile",
                         types.SimpleNamespace(compile_all=lambda *a, **kw: pytest.fail("compiled")))
     rc, out, err = compile_(capsys, "--arch", "gfx942", "--shapes", spec)
     assert rc == 2 and err == (f"error: --shapes {spec}: nothing to compile for gfx942: the kernel takes none of "
-                               f"its calls (topk 65 outside 1..64)\n"), err
+                               f"its calls (topk outside 1..64)\n"), err
     rc, out, err = compile_(capsys, "--arch", "gfx942", "--shapes", spec, "--count-only")
     assert rc == 0 and err.startswith(f"note: --shapes {spec}: nothing to compile") and "captured 0 variants" in out
 
@@ -184,7 +184,7 @@ def test_nothing_to_compile_end_to_end(run_python):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
         "error: --shapes experts=3000,topk=8,hidden=7168,quant=none,ep=off,buf=zero: nothing to compile for "
-        "gfx942: the kernel takes none of its calls (num_experts 3000 outside 1..2048)"), r.stderr
+        "gfx942: the kernel takes none of its calls (num_experts outside 1..2048)"), r.stderr
 
 
 @pytest.mark.parametrize("path, ok", [("new/deeper/cache", True), ("a_file", False), ("a_file/x", False)])

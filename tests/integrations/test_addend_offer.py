@@ -20,8 +20,8 @@ def same_stream(device):
     (dict(problems=["missing a required argument: 'w1'"]), "missing a required argument"),
     (dict(takes_addend=False), "moe_addend_fold's layer is not under this one"),
     (dict(output=torch.zeros(3, 16)), "a caller-owned buffer"),
-    (dict(add=torch.zeros(3, 32, dtype=torch.bfloat16)), "is not fused_moe's output [3, 16]"),
-    (dict(add=torch.zeros(3, 16, dtype=torch.float16)), "torch.float16 is not fused_moe's output"),
+    (dict(add=torch.zeros(3, 32, dtype=torch.bfloat16)), "is not fused_moe's output [tokens, w2.shape[1]]"),
+    (dict(add=torch.zeros(3, 16, dtype=torch.float16)), "is not fused_moe's output [tokens, w2.shape[1]] in its dtype"),
     (dict(stream=lambda device: "s1"), "another stream than the shared experts"),
 ])
 def test_each_rule(change, expected):

@@ -361,7 +361,7 @@ def test_without_the_dispatcher_patch_nothing_is_pooled(pool_tree, stub, tuned, 
         launches.clear()
         forward(model, M, device)
     assert launches == shipped
-    assert aiter_patches.stats()[NAME] == {"fast": 0, "fallback": {}, "errors": {}}
+    assert aiter_patches.stats()[NAME] == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 def test_outside_a_forward_and_caller_owned_out_are_untouched(pool_tree, stub, tuned, launches, device, on):
@@ -605,3 +605,21 @@ def test_a_forward_short_of_an_argument_gets_pythons_type_error(pool_tree, stub,
         model.forward(torch.zeros(5, dtype=torch.long, device=device))
     s = aiter_patches.stats()[NAME]
     assert s["fast"] == 0 and list(s["fallback"]) == ["required arguments not given: positions, forward_batch"], s
+
+
+def test_the_pooled_gemms_are_self_checked(pool_tree, stub, tuned, launches, device, on, monkeypatch):
+    """Issue 33: with the self-check on, the integration's split-K GEMMs into the pool are checked against AITER's
+    memset + GEMM on their first call (AITER's bits that call), then served from the pool."""
+    monkeypatch.setenv("AITER_PATCHES_SELF_CHECK", "1")
+    import_all()
+    M = 5
+    model, log, ref, _ = reference(stub, device, M, tuned, launches)
+    aiter_patches.apply()
+    for _ in range(3):
+        log.clear()
+        forward(model, M, device)
+        assert same(bits(log), ref)
+    s = aiter_patches.stats()["gemm_out_zeroed"]
+    assert (s["checks_passed"], s["checks_failed"]) == (2, 0)  # the two asm split-K shapes, once each
+    assert s["fast"] == 2  # the third forward: both from the pool, unchecked
+    aiter_patches.revert()

@@ -172,10 +172,10 @@ def _operands(M=4, N=256, K=512):
                         B=torch.zeros(256, 576, dtype=torch.float8_e4m3fn)), "must be multiples of 128"),
     (lambda o: o.update(B=torch.zeros(512, 256, dtype=torch.float8_e4m3fn).t()), "B rows are not contiguous"),
     (lambda o: o.update(A_scale=torch.ones(4, 4).t().contiguous().t()), "A_scale is not a contiguous fp32"),
-    (lambda o: o.update(A_scale=torch.ones(4, 5)), "A_scale is not a contiguous fp32 tensor of 16 values"),
+    (lambda o: o.update(A_scale=torch.ones(4, 5)), "A_scale is not a contiguous fp32 tensor of M x K/128 values"),
     (lambda o: o.update(B_scale=o["B_scale"].double()), "B_scale is not a contiguous fp32"),
-    (lambda o: o.update(B_scale=torch.ones(2, 5)), "B_scale is not a contiguous fp32 tensor of 8 values"),
-    (lambda o: o.update(out=torch.zeros(4, 256, dtype=torch.bfloat16, device="meta")), "out is on meta"),
+    (lambda o: o.update(B_scale=torch.ones(2, 5)), "B_scale is not a contiguous fp32 tensor of N/128 x K/128 values"),
+    (lambda o: o.update(out=torch.zeros(4, 256, dtype=torch.bfloat16, device="meta")), "out is not on A's device"),
 ])
 def test_operand_gate_names_the_argument(change, says):
     ops = _operands()

@@ -232,7 +232,7 @@ def test_no_addend_is_exactly_the_original(stub, device):
     aiter_patches.apply([NAME])
     assert same_bits(fm.fused_moe(**args), expected)
     assert fm.fused_moe(**args, moe_addend=None) is not None
-    assert stats() == {"fast": 0, "fallback": {}, "errors": {}}
+    assert stats() == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 def test_fused_moe_with_addend_is_the_same_either_way(stub, device):

@@ -128,7 +128,7 @@ def test_refused_code_object_hands_the_call_back_with_the_reason(rocm, stub, rea
             assert gemm(A, B, out, A_scale, B_scale, splitK=SPLIT, out_zeroed=True) is out
             assert torch.equal(out.view(torch.int16), expected.view(torch.int16))  # AITER's result, memset included
     reason = f"AITER's .co refused: {cfg.co_name}: .wavefront_size is 32, the launcher expects 64"
-    assert stats() == {**stats(), "fast": 0, "fallback": {reason: 3}, "errors": {}}, stats()
+    assert stats() == {**stats(), "fast": 0, "fallback": {reason: 3}, "errors": {}, "checks_passed": 0, "checks_failed": 0}, stats()
     assert rocm.loads == [] and rocm.launches == []
     assert reads == [str(gemm_kernel_dir(rocm.root, "gfx942") / cfg.co_name)]  # checked once for three calls
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -166,7 +166,7 @@ def test_without_out_zeroed_the_original_runs(stub, gemm_op, device, flag):
     gemm(A, Bs, out, A_scale, B_scale, splitK=2, **flag)
     assert len(gemm_op) == 1
     assert torch.equal(bits(out), bits(expected))
-    assert stats() == {"fast": 0, "fallback": {}, "errors": {}}
+    assert stats() == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 @pytest.mark.parametrize("split", [{}, {"splitK": None}, {"splitK": 1}, {"splitK": 0}, {"splitK": -1}],

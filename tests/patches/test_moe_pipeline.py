@@ -29,7 +29,7 @@ FOLD, EXT, SORT = "moe_addend_fold", "sort_extension", "moe_sort_mx_quant"
 MOE = (FOLD, EXT, SORT)
 SUBSETS = [c for r in range(len(MOE) + 1) for c in itertools.combinations(MOE, r)]
 M, E, TOPK, DIM, INTER, BLOCK = 6, 16, 4, 256, 128, 32
-ZERO = {"fast": 0, "fallback": {}, "errors": {}}
+ZERO = {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 def stats():
@@ -178,11 +178,11 @@ def test_every_combination_gives_the_promised_bits(stub, device, applied, extens
         got = fused_moe_with_addend(addend, **args)
     assert same_bits(got, expected)
     s = stats()
-    assert s[FOLD] == ({"fast": 1, "fallback": {}, "errors": {}} if fold else ZERO), s[FOLD]
+    assert s[FOLD] == ({"fast": 1, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0} if fold else ZERO), s[FOLD]
     took_sort = ext_on and extension == "precomputed-sort"
-    assert s[EXT] == ({"fast": 1, "fallback": {}, "errors": {}} if took_sort else ZERO), s[EXT]
+    assert s[EXT] == ({"fast": 1, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0} if took_sort else ZERO), s[EXT]
     if sort_on and not took_sort:  # the one-launch sort, and the hand-back of its stage-1 quant
-        assert s[SORT] == {"fast": 2, "fallback": {}, "errors": {}}, s[SORT]
+        assert s[SORT] == {"fast": 2, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}, s[SORT]
     else:
         assert s[SORT] == ZERO, s[SORT]
     if extension == "deferred-work":

@@ -307,17 +307,23 @@ def _sort_call(device, M=4, E=8, topk=2, model_dim=128, block=32, **kw):
 
 
 @pytest.mark.parametrize(
-    "case, reason",
+    "case, reason, values",
     [
-        (dict(return_local_topk_ids=True), "return_local_topk_ids"),
-        (dict(E=2600, topk=2), "num_experts 2600 outside 1..2048"),
-        (dict(E=4, topk=8), "num_experts 4 < topk 8"),
-        (dict(block=8), "block_size 8 not in 16/32/64/128"),
-        (dict(E=128, topk=72), "topk 72 outside 1..64"),
+        (dict(return_local_topk_ids=True), "return_local_topk_ids", None),
+        (dict(E=2600, topk=2), "num_experts outside 1..2048", "num_experts=2600"),
+        (dict(E=4, topk=8), "num_experts < topk", "num_experts=4, topk=8"),
+        (dict(block=8), "block_size not in 16/32/64/128", "block_size=8"),
+        (dict(E=128, topk=72), "topk outside 1..64", "topk=72"),
     ],
 )
-def test_unsupported_sort_arguments_fall_back_with_a_counted_reason(stub, device, caplog, case, reason):
+def test_unsupported_sort_arguments_fall_back_with_a_counted_reason(stub, device, caplog, monkeypatch, case, reason,
+                                                                     values):
+    """The reason names the limit; the call's values are in its DEBUG line (issue 35: reasons are categories)."""
     import aiter.fused_moe as fm
+
+    from aiter_patches import reasons
+
+    monkeypatch.setattr(reasons, "_logged", set())
 
     args, kw = _sort_call(device, **case)
     with suspended():
@@ -328,6 +334,9 @@ def test_unsupported_sort_arguments_fall_back_with_a_counted_reason(stub, device
     assert stats()["fast"] == 0
     assert any(reason in r for r in stats()["fallback"]), stats()
     assert any(reason in r.getMessage() for r in caplog.records)
+    if values is not None:
+        assert all(values not in r for r in stats()["fallback"]), stats()
+        assert any(reason in r.getMessage() and f"first call: {values}" in r.getMessage() for r in caplog.records)
     assert torch.equal(got[3], expected[3])  # AITER's own sort ran: the same valid count
     n = int(expected[3][0])
     assert torch.equal(got[0][:n], expected[0][:n])

@@ -217,7 +217,7 @@ def test_decline_runs_aiter(stub, fm, device, aiter_sort):
     assert len(ext.asked) == 1 and len(aiter_sort.calls) == 1
     assert defined_equal(got, expected)
     assert len(ext.after) == 1 and ext.after[0] is got  # after_sort sees whoever produced the sort
-    assert stats() == {"fast": 0, "fallback": {}, "errors": {}}
+    assert stats() == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 def test_decline_runs_the_next_patch_in_the_chain(stub, fm, device, aiter_sort):
@@ -688,7 +688,7 @@ def test_no_extension_is_aiter_bit_for_bit(stub, fm, device, aiter_sort):
     got = sort(fm, ids, w)
     assert len(aiter_sort.calls) == 1 and defined_equal(got, expected)
     assert same_bits(fm.fused_moe(**args), baseline)
-    assert stats() == {"fast": 0, "fallback": {}, "errors": {}}
+    assert stats() == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
 
 
 # ---------------------------------------------------------------- CUDA graphs
@@ -772,3 +772,22 @@ def test_active_reads_each_scope_once():
         assert se.active() == (marker,)
     finally:
         se._ACTIVE.reset(token)
+
+
+def test_the_patch_imports_the_registry_once_at_module_level_and_imports_first_in_a_fresh_process():
+    """No import cycle left to work around (issue 35): the registry is imported with the module, not inside a
+    function at each call, and the module imports on its own, before the package's other modules."""
+    import ast
+    import subprocess
+    import sys
+
+    tree = ast.parse(open(se.__file__, encoding="utf-8").read())
+    late = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            late += [node.lineno for node in ast.walk(fn) if isinstance(node, ast.ImportFrom)
+                     and ((node.module or "").endswith("registry") or any(a.name == "registry" for a in node.names))]
+    assert late == [], f"the registry imported inside a function at line(s) {late}"
+    proc = subprocess.run([sys.executable, "-c", "import aiter_patches.patches.sort_extension as s; print(s.NAME)"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == NAME, proc.stderr[-2000:]

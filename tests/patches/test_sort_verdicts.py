@@ -27,11 +27,11 @@ def stats():
 
 
 def counting_calls_of(monkeypatch, function: str) -> list:
-    """Fresh verdicts, the patch applied, and a list that grows by one per call of ``msq.<function>(step, call)``."""
+    """Fresh verdicts, the patch applied, and a list that grows by one per call of ``msq.<function>(step, call, ...)``."""
     monkeypatch.setattr(msq, "VERDICTS", call_key.GuardedVerdicts(NAME))
     calls = []
     real = getattr(msq, function)
-    monkeypatch.setattr(msq, function, lambda step, call: calls.append(1) or real(step, call))
+    monkeypatch.setattr(msq, function, lambda *a: calls.append(1) or real(*a))
     aiter_patches.apply([NAME])
     return calls
 
@@ -77,10 +77,10 @@ def test_a_hit_counts_the_gates_reason_every_call(stub, device, decided):
 @pytest.mark.parametrize("change, reason", [
     ("ids int64", "topk_ids not contiguous int32 [M, topk]"),
     ("weights strided", "topk_weights not contiguous fp32 shaped like topk_ids"),
-    ("experts", "num_experts 3 < topk 4"),
-    ("block", "block_size 48 not in 16/32/64/128"),
+    ("experts", "num_experts < topk"),
+    ("block", "block_size not in 16/32/64/128"),
     ("dispatch policy", "sort only, nothing saved"),
-    ("kernel limit", "topk 4 outside 1..3"),
+    ("kernel limit", "topk outside 1..3"),
     ("AITER's launch count", "sort only, nothing saved"),
     ("backend", "tensors on"),
     ("keyword", None),

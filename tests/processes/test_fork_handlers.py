@@ -75,6 +75,45 @@ _, status = os.waitpid(pid, 0)
 print(json.dumps({"child": os.waitstatus_to_exitcode(status)}))
 """
 
+# Threads holding the locks of the kernels, the sort-output pool and the verdict tables at the fork (issue 31):
+# the child takes each one on its usual path (keeping a kernel, dropping the pool, checking a code object,
+# asking the asm launcher for a kernel, putting a verdict) and must not wait on the parent's.
+LOCKS = r"""
+import json, os, threading
+import triton.runtime.jit  # noqa: F401 - imported before the fork, as a server's first launch does
+from aiter_patches import call_key
+from aiter_patches.kernels import fast_launch, hip_blockscale_asm as hb
+from aiter_patches.patches.moe import sort_scratch
+launcher = object.__new__(hb.AsmLauncher)  # no HIP here: a kernel whose load failed before
+launcher._lock, launcher._functions = threading.Lock(), {(0, "x.co", "k"): hb._LoadFailed("no HIP")}
+hb._launcher = launcher
+verdicts = call_key.GuardedVerdicts("t")
+locks = [fast_launch._lock, sort_scratch._lock, hb._co_lock, launcher._lock, verdicts._lock]
+held, release = threading.Event(), threading.Event()
+def holder():
+    for lock in locks:
+        lock.acquire()
+    held.set(); release.wait()
+    for lock in locks:
+        lock.release()
+threading.Thread(target=holder, daemon=True).start(); held.wait()
+pid = os.fork()
+if pid == 0:
+    import faulthandler; faulthandler.dump_traceback_later(10, exit=True)
+    fast_launch._kernel_state(object())
+    sort_scratch.clear()
+    reason = hb._checked_code_object("/nowhere/x.co", "k", "gfx942")
+    try:
+        hb._get_launcher().function(0, "x.co", "k", "gfx942")
+    except RuntimeError:
+        pass
+    verdicts.put(("k",), (), "verdict")
+    os._exit(0 if reason and verdicts.get(("k",), ()) == "verdict" else 3)
+release.set()
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"child": os.waitstatus_to_exitcode(status)}))
+"""
+
 # The run/auto/plugin path: bootstrap.start() before the target's import, then a fork: the child has one
 # stats thread and writes one exit line per patch.
 STATS = r"""
@@ -114,6 +153,10 @@ def test_a_patch_pending_on_an_import_finished_before_the_fork_applies_in_the_ch
 
 def test_a_child_forked_while_a_thread_is_inside_the_foreign_layer_memo_does_not_hang():
     assert _child_code(MEMO) == 0
+
+
+def test_a_child_forked_while_threads_hold_the_kernels_pool_and_verdict_locks_does_not_hang():
+    assert _child_code(LOCKS) == 0
 
 
 def test_a_forked_child_on_the_run_path_has_one_stats_thread_and_one_exit_line_per_patch():

@@ -276,7 +276,7 @@ def test_status_and_stats_shapes(lib):
     assert rec["targets"][0]["signature"] == "(x, y=1, *, mode=Mode.A)"
     assert rec["pins"] == {f"{pkg}.core.target": ["v1"]}
     s = aiter_patches.stats()["t_status"]
-    assert s == {"fast": 2, "fallback": {}, "errors": {}}
+    assert s == {"fast": 2, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
     registry.revert()
     assert next(r for r in aiter_patches.status()["patches"] if r["name"] == "t_status")["state"] == "inactive"
 

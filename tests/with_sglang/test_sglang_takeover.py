@@ -121,7 +121,7 @@ def test_ours_first(stub, sglang_root, monkeypatch, quiet_report, caplog, quant,
         mx, foreign = stats(MX), layers(MX)
         summary = process_report.summary_line(process_report.status_record())
         if takeover:
-            assert stats(TAKEOVER) == {"fast": 1, "fallback": {}, "errors": {}}
+            assert stats(TAKEOVER) == {"fast": 1, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
             assert mx["fast"] == 2 * len(TOKENS) and mx["fallback"] == {}, mx  # each call: the sort + its quant
             assert foreign == [] and "foreign" not in summary
             assert any("sglang_takeover: SGLang's apply_aiter_small_moe_sort_patch() not run" in r.getMessage()
@@ -212,7 +212,7 @@ def test_takeover_imports_aiter_fused_moe_when_sglang_calls_first(sglang_root):
         assert "aiter.fused_moe" not in sys.modules and registry.state(MX) == "pending"
         run_sglang_patch()
         assert registry.state(MX) == "applied"
-        assert stats(TAKEOVER) == {"fast": 1, "fallback": {}, "errors": {}}
+        assert stats(TAKEOVER) == {"fast": 1, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
         assert sys.modules["aiter.fused_moe"]._moe_sorting_impl.__globals__["__name__"] != MODULE
 
 
@@ -228,7 +228,7 @@ def test_without_our_sort_sglangs_patch_runs(stub, sglang_root, monkeypatch):
         assert report[TAKEOVER]["state"] == "skipped"
         assert report[TAKEOVER]["reason"] == f"needs {MX}, which is disabled: disabled by AITER_PATCHES_DISABLE"
         run_sglang_patch()
-        assert stats(TAKEOVER) == {"fast": 0, "fallback": {}, "errors": {}}
+        assert stats(TAKEOVER) == {"fast": 0, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
         assert fm._moe_sorting_impl.__globals__["__name__"] == MODULE
 
 
@@ -289,7 +289,7 @@ def test_sglang_module_imported_before_apply(stub, sglang_root):
 
         assert aiter_patches.apply()[TAKEOVER]["state"] == "applied"  # at once: the module is there
         run_sglang_patch()
-        assert stats(TAKEOVER) == {"fast": 1, "fallback": {}, "errors": {}}
+        assert stats(TAKEOVER) == {"fast": 1, "fallback": {}, "errors": {}, "checks_passed": 0, "checks_failed": 0}
         assert fm._moe_sorting_impl is core_state.chains[("aiter.fused_moe", "_moe_sorting_impl")].current
 
 
@@ -301,5 +301,5 @@ def test_off_gfx95_the_call_is_sglangs_own_and_counted_so(stub, sglang_root, mon
         aiter_patches.apply()
         run_sglang_patch()
         assert stats(TAKEOVER) == {"fast": 0, "fallback": {"not gfx95: SGLang's patch installs nothing here": 1},
-                                   "errors": {}}
+                                   "errors": {}, "checks_passed": 0, "checks_failed": 0}
         assert fm._moe_sorting_impl is core_state.chains[("aiter.fused_moe", "_moe_sorting_impl")].current

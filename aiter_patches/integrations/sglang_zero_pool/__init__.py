@@ -53,6 +53,7 @@ from ...core.declarations import Patch, SourcePin, Target
 from ...drift import live_source_reason
 from ...patches import gemm_dispatch_out_zeroed as dispatch
 from ...patches.moe import call as moe_call
+from ...reasons import with_values
 from ...signatures import Pin
 from .. import compile_state, source_gate, streams
 
@@ -107,7 +108,9 @@ class _Scope:
 
 _scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("aiter_patches_sglang_zero_pool", default=None)
 _demand: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # model -> {(device, M): elements}
-_split_cache: dict = {}  # (M, N, K) -> True / the reason it is not an asm split above one
+_split_cache: dict = {}  # (M, N, K) -> True / the reason it is not an asm split above one; SPLIT_CACHE_CAP at most
+# M <= MAX_M, (N, K) a model's GEMM weights: a few thousand at most; past the cap AITER is asked each time (host only)
+SPLIT_CACHE_CAP = 4096
 
 
 _stream = streams.current  # this module's seam: a test moves its calls to another stream
@@ -128,8 +131,10 @@ def asm_split_reason(M: int, N: int, K: int) -> str | None:
             else:
                 found = NOT_SPLIT
         except Exception as exc:  # another AITER: no prediction, no pool slice (never wrong, at worst the memset)
-            found = f"cannot read AITER's tuned config: {type(exc).__name__}: {exc}"
-        _split_cache[key] = found
+            # the exception's kind, a category (issue 35); its message may hold the shape: at DEBUG
+            found = with_values(f"cannot read AITER's tuned config: {type(exc).__name__}", error=exc, M=M, N=N, K=K)
+        if len(_split_cache) < SPLIT_CACHE_CAP:
+            _split_cache[key] = found
     return None if found is True else found
 
 

@@ -31,7 +31,7 @@ import sys
 import weakref
 from typing import Any, NamedTuple, Protocol
 
-from ... import call_key
+from ... import call_key, self_check
 from ...core.declarations import CheckResult, Patch, Target
 from .. import pins, relied_on
 from ..moe import call as moe_call
@@ -210,15 +210,22 @@ def _wrapper(inner, site):
         except TypeError:  # a replaced AITER module or function that does not hash: decided in full
             key = got = None
         if got is None:
-            plan, operands = _decide(binder, args, kwargs, backend)
+            plan, operands = (HandBack(STOOD_DOWN), None) if site.stood_down else _decide(binder, args, kwargs, backend)
+            check = self_check.new_plan(NAME) if operands else None
             if key is not None:  # the verdict follows from what the key and the tensors' guard hold
-                verdicts.put(key, tensors, (plan, _operand_getter(binder, args, kwargs) if operands else None))
+                verdicts.put(key, tensors, (plan, _operand_getter(binder, args, kwargs) if operands else None, check))
+                if site.stood_down:  # stood down while this call decided: nothing kept outlives it
+                    verdicts.clear()
         else:
-            plan, get = got
+            plan, get, check = got
             operands = get(args, kwargs) if get is not None else None
         if type(plan) is HandBack:
             counters.fallback(plan.reason)
             return inner(*args, **kwargs)
+        if check is not None and check.left:
+            served = first_calls.run(site, verdicts.clear, check, inner, binder, args, kwargs, plan, operands)
+            if served is not first_calls.FAST:
+                return served
         try:
             plan.backend.launch(plan.plan, *operands)
         except Exception as exc:
@@ -228,6 +235,11 @@ def _wrapper(inner, site):
         return operands[2]  # every plan that launches came with its operands
 
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle_asm, inner)
+
+
+from . import first_calls  # noqa: E402 (it names this module's Launch in its docstring only)
+
+STOOD_DOWN = self_check.STOOD_DOWN
 
 
 def _decide(binder, args, kwargs, backend):

@@ -56,6 +56,7 @@ class MoeCall:
     sort_reached: bool = False  # this call's sort went through the pipeline's _moe_sorting_impl
     scratch: list | None = None  # opened by the fused_moe wrapper: the sort outputs it leased (sort_scratch.py)
     own_sort: bool = False  # the sort running now is this call's own: its first, from AITER's fused_moe code
+    addend_check: Any = None  # the addend fold's self-check plan, when this call's fold is checked against AITER
 
 
 PLAN_FIELDS = frozenset(MoeCall.__dataclass_fields__)

@@ -1,16 +1,15 @@
 """One MoE pipeline: one wrapper per AITER target, whatever MoE features are applied.
 
-The three MoE patches (``moe_addend_fold``, ``sort_extension``, ``moe_sort_mx_quant``)
-work on the same AITER functions and hand each other data within one ``fused_moe``
-call. Each stays a registry patch of its own (name, status row, enable/disable
-switch, all-or-nothing gate on its targets' pins, revert, counters), but they share
-one wrapper per target: it binds the arguments once and runs the applied features'
-steps in the order of the table below, passing one plan (:class:`moe_call.MoeCall`,
-per ``fused_moe`` call) and one step object (:class:`FusedMoeStep` /
-:class:`SortStep`, per wrapped call). Each feature declares the fields it reads and
-writes (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may
-read the bound arguments: ``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the sort's step); the tests run every step through
-a check of those declarations (:func:`run_steps_through`), where an undeclared access raises.
+The three MoE patches (``moe_addend_fold``, ``sort_extension``, ``moe_sort_mx_quant``) work on the same AITER
+functions and hand each other data within one ``fused_moe`` call. Each stays a registry patch of its own (name,
+status row, enable/disable switch, all-or-nothing gate on its targets' pins, revert, counters), but they share one
+wrapper per target: it binds the arguments once and runs the applied features' steps in the order of the table
+below, passing one plan (:class:`moe_call.MoeCall`, per ``fused_moe`` call) and one step object
+(:class:`FusedMoeStep` / :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and writes
+(``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may read the bound arguments:
+``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the
+sort's step, and run AITER's sort on them, ``call_aiter()``); the tests run every step through a check of those
+declarations (:func:`run_steps_through`), where an undeclared access raises.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
 target             step  feature             does                 reads                                       writes
@@ -40,28 +39,25 @@ mx quant helpers   1     (pipeline)          hand_back            call.stage1_qu
 
 How they combine (the only interactions; a feature that is not applied skips its steps):
 
-- The sort's outputs come from the first producer: an extension (innermost scope
-  first, step 3), else the one-launch sort (step 4), else AITER. Whoever produced
-  them, extensions' ``after_sort`` runs next (step 5), then the addend fold (6).
-- The addend goes into ``moe_buf`` in the one-launch sort's own launch only when no
-  active extension has ``after_sort`` work (it may produce the addend); otherwise,
-  and after an extension's or AITER's sort, it is copied in at step 6.
-- The stage-1 MX quant is made at most once per call, by an extension's sixth item
-  or by the one-launch sort (when predicted, and none was made), and handed back to
-  the one helper call it matches, counted as a hit (or a fallback) of its producer.
-- None of the features changes bits: with any subset applied the output is
-  AITER's, with ``moe_buf`` started from the addend where the fold says so
-  (tests/patches/test_moe_pipeline.py runs all eight subsets).
+- The sort's outputs come from the first producer: an extension (innermost scope first, step 3), else the one-
+  launch sort (step 4), else AITER. Whoever produced them, extensions' ``after_sort`` runs next (step 5), then the
+  addend fold (6).
+- The addend goes into ``moe_buf`` in the one-launch sort's own launch only when no active extension has
+  ``after_sort`` work (it may produce the addend); otherwise, and after an extension's or AITER's sort, it is
+  copied in at step 6.
+- The stage-1 MX quant is made at most once per call, by an extension's sixth item or by the one-launch sort (when
+  predicted, and none was made), and handed back to the one helper call it matches, counted as a hit (or a
+  fallback) of its producer.
+- None of the features changes bits: with any subset applied the output is AITER's, with ``moe_buf`` started from
+  the addend where the fold says so (tests/patches/test_moe_pipeline.py runs all eight subsets).
 
-How the registry's per-patch layers map onto one wrapper: each feature's target
-factory builds the pipeline wrapper for the features applied at and below its own
-layer (the registry composes layers innermost first); the wrapper calls AITER's
-function directly, while ``__wrapped__`` still names the layer below, so status,
-revert by identity and every check that walks the chain see one layer per patch.
-Reverting a feature rebuilds or reuses wrappers as the registry does for any
-chain; a stale wrapper (a reference revert cannot rebind) notices that a feature
-below it was disarmed (its code swapped for the registry's pass-through) and
-skips that feature's steps, as the chained wrappers did.
+How the registry's per-patch layers map onto one wrapper: each feature's target factory builds the pipeline wrapper
+for the features applied at and below its own layer (the registry composes layers innermost first); the wrapper
+calls AITER's function directly, while ``__wrapped__`` still names the layer below, so status, revert by identity
+and every check that walks the chain see one layer per patch. Reverting a feature rebuilds or reuses wrappers as the
+registry does for any chain; a stale wrapper (a reference revert cannot rebind) notices that a feature below it was
+disarmed (its code swapped for the registry's pass-through) and skips that feature's steps, as the chained wrappers
+did.
 """
 
 from __future__ import annotations
@@ -107,7 +103,7 @@ STEPS: dict[str, tuple] = {
         ("moe_addend_fold", "start_from_addend"),
     ),
 }
-ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "layout", "picker", "pick"})
+ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "layout", "picker", "pick", "call_aiter"})
 
 
 class Feature:
@@ -143,17 +139,19 @@ def feature(f: Feature) -> Feature:
     return f
 
 
-# ---------------------------------------------------------------- the step objects
-
 class FusedMoeStep:
     """One ``fused_moe`` call: its bound arguments, the extra keywords taken off, AITER's output."""
 
-    __slots__ = ("arguments", "problems", "keywords", "output")
+    __slots__ = ("arguments", "problems", "keywords", "output", "_again")
     FIELDS = frozenset({"keywords", "output"})
     PREFIX = "fused_moe"
 
-    def __init__(self, arguments: dict, keywords: dict):
-        self.arguments, self.problems, self.keywords, self.output = arguments, (), keywords, None
+    def __init__(self, arguments: dict, keywords: dict, again=None):
+        self.arguments, self.problems, self.keywords, self.output, self._again = arguments, (), keywords, None, again
+
+    def call_aiter(self):  # AITER's fused_moe on this call's arguments, less the extra keywords (the self-check)
+        original, args, kwargs = self._again
+        return original(*args, **kwargs)
 
 
 class SortStep:
@@ -171,8 +169,11 @@ class SortStep:
     addend_written = False
     _bound = None
 
-    def __init__(self, binder, args: tuple, kwargs: dict):
-        self._binder, self._args, self._kwargs = binder, args, kwargs
+    def __init__(self, binder, args: tuple, kwargs: dict, aiter=None):
+        self._binder, self._args, self._kwargs, self._aiter = binder, args, kwargs, aiter
+
+    def call_aiter(self):  # AITER's sort on this call's own arguments (the self-check's other side)
+        return self._aiter(*self._args, **self._kwargs)
 
     def bind(self) -> tuple[dict, list]:
         """``(arguments, problems)``: the call's arguments by name, and what the pin does not explain."""
@@ -383,7 +384,7 @@ def _build_fused_moe(kind, original, layers, guards):
                 refuse(site, problems[0])
             return original(*args, **kwargs)
         call, new = joined_or_new(bound)
-        step = FusedMoeStep(bound, given)
+        step = FusedMoeStep(bound, given, (original, args, kwargs))
         before, after = engaged.steps
         for run in before:
             run(call, step)
@@ -419,7 +420,7 @@ def _build_sort(kind, original, layers, guards):
             if call.scratch is not None:  # a call the fused_moe wrapper opened: may this sort lend its outputs?
                 call.own_sort = not call.sort_reached and _from_aiters_fused_moe(sys._getframe(1))
             call.sort_reached = True
-        step = SortStep(binder, args, kwargs)
+        step = SortStep(binder, args, kwargs, original)
         before, after = stages.steps
         for run in before:
             run(call, step)

@@ -34,8 +34,9 @@ A set is leased only where that holds (:func:`lease` says None otherwise, and th
 - not under ``torch.compile`` tracing (the caller's verdict key already says so: only kept plans lease);
 - sets are per (plan, device, stream): a set is only ever reused in the stream order it was written in,
   and a set is in one call at a time (two threads on one stream each get their own);
-- at most :data:`MAX_BYTES` of device memory in all: past it the free sets used longest ago are dropped
-  first, and a set that still does not fit is not made (the sort allocates; a decode set is 0.1-2 MB);
+- at most :data:`MAX_BYTES` of device memory in all, and sets of at most :data:`MAX_KEYS` (plan, dtype,
+  device, stream) keys: past either the free sets used longest ago are dropped first, and a set that still
+  does not fit is not made (the sort allocates; a decode set is 0.1-2 MB);
   ``AITER_PATCHES_SORT_SCRATCH=0`` turns leasing off (read at the first lease after the patches' wrappers
   are built); the pool is dropped whenever they are built (apply, revert), and a set leased before that is
   freed when its call ends.
@@ -47,10 +48,11 @@ import sys
 import threading
 
 from ... import env_flags
-from ...core import chains
+from ...core import chains, events
 from ...kernels import device_stream
 
 MAX_BYTES = 128 << 20
+MAX_KEYS = 1024  # as the kernel's MAX_PLANS: a pool key holds a kept plan (issue 35: bounded in count too)
 # (id(plan), quant dtype, device index, stream) -> [plan, free sets, bytes a set, last lease, pool generation]:
 # the plan is held, so its id names no other plan while its key is here; its sets were counted in its generation
 _pool: dict[tuple, list] = {}
@@ -171,12 +173,13 @@ def _make(key, plan, M, dev, quant_dtype):
     size = kernel.outputs_bytes(plan, M, quant_dtype)
     with _lock:
         gen = _generation[0]
-        if _held[0] + size > MAX_BYTES:
+        room = key not in _pool and len(_pool) >= MAX_KEYS
+        if _held[0] + size > MAX_BYTES or room:
             free = sum(len(e[1]) * e[2] for k, e in _pool.items() if k != key)
             if _held[0] - free + size > MAX_BYTES:  # does not fit even with every other free set dropped
                 _stats["refused"] += 1
                 return None
-            _evict(size, key)
+            _evict(size, key, room)
         _held[0] += size
         if key not in _pool:
             _tick[0] += 1
@@ -192,13 +195,15 @@ def _make(key, plan, M, dev, quant_dtype):
     return got, gen, size
 
 
-def _evict(size: int, keep: tuple) -> None:
-    """Drop free sets, those of the plans leased longest ago first, until ``size`` more bytes fit (under _lock)."""
+def _evict(size: int, keep: tuple, room: bool = False) -> None:
+    """Drop free sets, those of the plans leased longest ago first, until ``size`` more bytes fit and, with
+    ``room``, a new key does too (the key leased longest ago dropped with all its free sets) (under _lock)."""
     for key, entry in sorted(_pool.items(), key=lambda kv: kv[1][3]):
         if key == keep:
             continue
         free = entry[1]
-        while free and _held[0] + size > MAX_BYTES:
+        whole = room and len(_pool) >= MAX_KEYS
+        while free and (whole or _held[0] + size > MAX_BYTES):
             try:
                 free.pop()
             except IndexError:
@@ -207,7 +212,7 @@ def _evict(size: int, keep: tuple) -> None:
             _stats["evicted"] += 1
         if not free:
             del _pool[key]  # a set of it still leased is uncounted when it comes back (release)
-        if _held[0] + size <= MAX_BYTES:
+        if _held[0] + size <= MAX_BYTES and not (room and len(_pool) >= MAX_KEYS):
             return
 
 
@@ -236,6 +241,16 @@ def clear() -> None:
         _generation[0] += 1
         _switch[0] = None
         _heads[0] = None
+
+
+def _renew_lock_after_fork() -> None:
+    """``FORK_RENEW``: a fresh lock in a forked child (issue 31): a thread of the parent may have held it while
+    making or filing back a set, and that thread is gone. Never blocks."""
+    global _lock
+    _lock = threading.Lock()
+
+
+events.subscribe(events.FORK_RENEW, _renew_lock_after_fork)
 
 
 def stats() -> dict:

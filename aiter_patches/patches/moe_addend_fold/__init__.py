@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ... import foreign_layers
+from ... import foreign_layers, self_check
 from ...core.declarations import Patch
 from .. import pins, relied_on, sort_extension
 from ..moe import pipeline as moe_pipeline
@@ -91,22 +91,30 @@ class AddendFold(moe_pipeline.Feature):
     name = NAME
     keywords = ("moe_addend",)
     reads = frozenset({"fused_moe.keywords", "fused_moe.output", "call.addend", "call.addend_state", "call.moe_buf",
+                       "call.addend_check",
                        "sort.extensions", "sort.folding", "sort.outputs", "sort.addend_written"})
-    writes = frozenset({"call.addend", "call.addend_state", "call.moe_buf", "sort.folding", "sort.addend_offer"})
+    writes = frozenset({"call.addend", "call.addend_state", "call.moe_buf", "call.addend_check", "sort.folding",
+                        "sort.addend_offer"})
 
     def refuse(self, site, problem: str) -> None:
         raise TypeError(f"fused_moe(): {problem}")
+
+    def forget(self) -> None:
+        first_calls._PLANS.clear()  # applied afresh: every plan is checked again
 
     def take_addend(self, site, call, step) -> None:
         bound, addend = step.arguments, step.keywords["moe_addend"]
         validate_addend(addend, bound.get("hidden_states"), bound.get("topk_ids"), bound.get("w2"),
                         bound.get("dtype"), bound.get("output"))
         call.addend, call.addend_state = addend, PENDING
-
+        call.addend_check = first_calls.plan_for(NAME, bound, addend)  # None: off, or this plan checked
     def add_or_count(self, site, call, step) -> None:
         """Folded into this very output: a hit. Otherwise the addend is added now, once, and the reason counted."""
         out = step.output
         if call.addend_state == FOLDED and _is_same_tensor(out, call.moe_buf):
+            if isinstance(call.addend_check, first_calls.Begun):  # against AITER's fused_moe + the addend
+                first_calls.finish(site, call, step)
+                return
             site.counters.hit()
             return
         if call.addend_state == PENDING:
@@ -120,6 +128,12 @@ class AddendFold(moe_pipeline.Feature):
             return
         bound, problems = step.bind()
         blocker = problems[0] if problems else fold_blocker(bound, call)
+        if blocker is None and site.stood_down:
+            blocker = self_check.STOOD_DOWN
+        if blocker is None and call.addend_check is not None:
+            if first_calls.defer(site, call, step):  # capture, tracing, an extension active (counted)
+                call.addend_state = ADD_AFTER  # added after the call, as AITER's callers do
+                return
         if blocker is not None:
             call.addend_state = ADD_AFTER
             site.counters.fallback(blocker)
@@ -139,6 +153,8 @@ class AddendFold(moe_pipeline.Feature):
 
 
 FEATURE = moe_pipeline.feature(AddendFold())
+
+from . import first_calls  # noqa: E402
 
 
 def fused_moe_with_addend(addend, *args, **kwargs):

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ... import call_key, foreign_layers, runtime
+from ... import call_key, foreign_layers, runtime, self_check
 from ...aiter_contract import SORT_FOUR_LAUNCHES_MIN_TOKENS
 from ...core.declarations import Patch
 from .. import relied_on
@@ -47,7 +47,7 @@ def _kernel():
     return _KERNEL[0]
 
 
-from . import predict  # noqa: E402
+from . import first_calls, predict  # noqa: E402
 from .predict import predict_stage1_quant  # noqa: E402 (the fused_moe step and the tests use it)
 
 
@@ -91,9 +91,11 @@ class SortMxQuant(moe_pipeline.Feature):
         key, tensors = _verdict_key(step, call)
         verdict = VERDICTS.get(key, tensors) if key is not None else None
         if verdict is None:
-            verdict = _decide(step, call)
+            verdict = _decide(step, call, site)
             if key is not None and verdict.keep:
                 VERDICTS.put(key, tensors, verdict)
+                if site.stood_down:  # stood down while this call decided: nothing kept outlives it
+                    VERDICTS.clear()
         for reason in verdict.reasons:
             counters.fallback(reason)
         if not verdict.launch:
@@ -103,6 +105,11 @@ class SortMxQuant(moe_pipeline.Feature):
         init = step.addend_offer if verdict.init else None
         kernel, kept = _KERNEL[0], verdict.plan
         api = kernel.moe_sort_mx_quant
+        if verdict.check is not None and verdict.check.left and first_calls.run(VERDICTS.clear, site, step, verdict, api, dict(
+                topk_ids=ids, topk_weights=weights, num_experts=experts, model_dim=dim, moebuf_dtype=buf_dtype,
+                block_size=block, zero_moe_buf=verdict.zeroes, expert_mask=mask, num_local_tokens=nlt,
+                quant_input=quant_input, quant_dtype=quant_dtype, moe_buf=moe_buf, moe_buf_init=init)):
+            return  # a self-checked call (self_check.py): AITER's outputs, or AITER's sort runs
         if api is not kernel.API:  # the API replaced (a wrapper, an injected failure): it takes every call
             kept = None
         try:
@@ -145,6 +152,7 @@ class SortVerdict(NamedTuple):
     picker: Any = None
     keep: bool = True  # False: decided per call (AITER could not answer this time)
     plan: list | None = None  # a launching verdict's kernel plan, once its first launch made it (kernel's ``kept``)
+    check: self_check.Plan | None = None  # a launching verdict's first calls still to check against AITER's
 
 
 # the sort's arguments the launch takes, in moe_sort_mx_quant's order (then expert_mask, num_local_tokens, output)
@@ -192,8 +200,10 @@ def _verdict_key(step, call):
         return None, ()
 
 
-def _decide(step, call) -> SortVerdict:
+def _decide(step, call, site) -> SortVerdict:
     """The sort gate in full (the counted reasons in the order it meets them)."""
+    if site.stood_down:
+        return SortVerdict((self_check.STOOD_DOWN,), False)
     reasons = []
     bound, problems = step.bind()
     if problems:
@@ -223,7 +233,7 @@ def _decide(step, call) -> SortVerdict:
         if reason is not None:
             return SortVerdict((*reasons, reason), False, keep=reason != WORKSPACE_UNKNOWN)
     return SortVerdict(tuple(reasons), True, request["quant_input"] is not None, request["moe_buf_init"] is not None,
-                       _zeroes(bound), step.picker(_LAUNCH_ARGS), plan=[])
+                       _zeroes(bound), step.picker(_LAUNCH_ARGS), plan=[], check=self_check.new_plan(NAME))
 
 
 FEATURE = moe_pipeline.feature(SortMxQuant())

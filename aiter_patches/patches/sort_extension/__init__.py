@@ -16,8 +16,9 @@ from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
+from ... import registry
 from ...aiter_contract import mx_scale_shape, sort_buffer_sizes
-from ...core.declarations import Patch
+from ...core.declarations import CheckResult, Patch
 from .. import relied_on
 from ..moe import pipeline as moe_pipeline
 from ..moe.call import StageOneQuant
@@ -82,10 +83,8 @@ def _close(ext: SortExtension, unwinding: bool) -> None:
     try:
         ext.close()
     except Exception as exc:
-        from ...registry import counters
-
         try:
-            counters(NAME).failed(exc, f"SortExtension '{ext.name}'.close")
+            registry.counters(NAME).failed(exc, f"SortExtension '{ext.name}'.close")
         except Exception:
             if not unwinding:
                 raise
@@ -273,13 +272,11 @@ def check(device):
 
     from .. import checks as kit
     from ...extensions import PrecomputedSort
-    from ...core.declarations import CheckResult
-    from ...registry import suspended
 
     _, fm = kit.aiter_modules()
     M, E, topk, dim, block = 9, 16, 4, 128, 32
     ids, w = kit.routing(M, E, topk, device)
-    with suspended():
+    with registry.suspended():
         original = fm.moe_sorting(ids, w, E, dim, torch.bfloat16, block)
     ext = PrecomputedSort(ids, original)
     with sort_extension(ext):
