@@ -152,6 +152,18 @@ DATA_MAX_GROUPS = 64
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
 SCALE_TILE_BYTES = 1024  # bytes of the swizzled scale layout a program writes per step
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
+# e2m1 codes by float arithmetic on the scaled magnitude (``_mx_quant_groups``), else by the general integer
+# rounding (e2m1 and e4m3). Same bits (tests/kernels/test_moe_sort_mx_quant.py: every bf16 magnitude under
+# every scale, special values); about half the operations per element (sm_90 SASS 376 -> 232 per 8 elements
+# a thread, gfx942/gfx950 VALU 173 -> 114). The H200's prefill quant is bound by them: alone, 1.2-1.4 TB/s
+# with the integer rounding, 2.2-2.6 with this, 3.8-4.4 with no math (docs/bench/moe_sort_quant_candidates_h200.md)
+FP4_CODES_BY_FLOAT = True
+# Prefill (prescanned) without a quant: the scan launch also writes per-tile segment starts (tiles of 64 expert
+# bins), so that every program of the sort launch sums the tiles' counts (up to 64 values) instead of reading
+# and summing every expert bin's. H200, same run (docs/bench/moe_sort_quant_candidates_h200.md): the sort
+# alone 10-18% faster at 32768 tokens (72.0 -> 57.7 µs (256, 8), 140.7 -> 115.4 (896, 16)), 1-9% at 8192; with the quant
+# in the same launch no faster anywhere and 5-10% slower at (896, 16) and (128, 8), so there it stays off
+PRESCAN_TILE_STARTS = True
 # Token-count buckets: every constexpr the launch derives from the batch comes from the ceiling of
 # the token count's bucket (``_batch_params``), so one model configuration compiles a fixed few
 # variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
@@ -230,10 +242,11 @@ def _expert_bins(ids_ptr, mask_ptr, p, n_pairs, E, E_BINS: tl.constexpr, HAS_MAS
 @triton.jit
 def _mx_quant_row(x_row_ptr, G, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr,
                   NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
-                  INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr):
+                  INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr,
+                  BY_FLOAT: tl.constexpr):
     """Scale bytes ``[G_PAD]`` and element codes ``[G_PAD, 32]`` (int32, sign included)."""
     return _mx_quant_groups(_load_groups(x_row_ptr, G, G_PAD), MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT,
-                            INV_MAX_BITS, FLOOR_BITS, G_PAD)
+                            INV_MAX_BITS, FLOOR_BITS, G_PAD, BY_FLOAT)
 
 
 @triton.jit
@@ -246,11 +259,22 @@ def _load_groups(x_row_ptr, G, G_PAD: tl.constexpr):
 @triton.jit
 def _mx_quant_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr,
                      NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
-                     INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr):
-    """:func:`_mx_quant_row` of loaded groups ``x`` (``[G_PAD, 32]``, as stored)."""
+                     INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr,
+                     BY_FLOAT: tl.constexpr):
+    """:func:`_mx_quant_row` of loaded groups ``x`` (``[G_PAD, 32]``, as stored).
+
+    ``BY_FLOAT`` (e2m1 only, ``FP4_CODES_BY_FLOAT``): the e2m1 code by float arithmetic on the scaled
+    magnitude ``v = |x| / 2^(s - 127)`` (exact): ``rint(v * 2^(1 - t)) + 2t`` for its binade ``t`` (below 2,
+    below 4, from 4), the rint by adding ``1.5 * 2^23``, and the group maximum by a float max (which
+    skips NaN). About half the operations per element of the general integer rounding below, which the
+    H200 was bound by in prefill (docs/bench/moe_sort_quant_candidates_h200.md)."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     abits = bits & 0x7FFFFFFF
-    amax_bits = tl.max(tl.where(abits > 0x7F800000, 0, abits), axis=1)  # NaN skipped, as AITER's fmaxf
+    if BY_FLOAT:  # a float max skips NaN (maxnum) in one operation; a group of NaN only has no amax
+        amax_bits = tl.max(abits.to(tl.float32, bitcast=True), axis=1).to(tl.int32, bitcast=True)
+        amax_bits = tl.where(amax_bits > 0x7F800000, 0, amax_bits)
+    else:
+        amax_bits = tl.max(tl.where(abits > 0x7F800000, 0, abits), axis=1)  # NaN skipped, as AITER's fmaxf
     nonfinite = amax_bits >= 0x7F800000
     amax = tl.maximum(amax_bits, FLOOR_BITS).to(tl.float32, bitcast=True)
     inv = tl.full([G_PAD], INV_MAX_BITS, tl.int32).to(tl.float32, bitcast=True)
@@ -260,25 +284,37 @@ def _mx_quant_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr
     s = tl.where(nonfinite, 0xFF, s)
 
     sign = (bits >> 31) & 1
-    biased = (abits >> 23) & 0xFF
-    mant = abits & 0x7FFFFF
-    sig = tl.where(biased > 0, mant | 0x800000, mant)
-    exp_q = tl.maximum(biased, 1) - s[:, None]
-    shift = tl.minimum(tl.maximum(exp_q, EMIN) - MB - exp_q + 23, 30)
-    n = sig >> shift
-    rem = sig & ((1 << shift) - 1)
-    half = 1 << (shift - 1)
-    n = n + ((rem > half) | ((rem == half) & ((n & 1) == 1))).to(tl.int32)
-    code = tl.where(exp_q >= EMIN, ((exp_q - EMIN + 1) << MB) + n - (1 << MB), n)
-    code = tl.minimum(code, MAXC)
-    code = tl.where(biased == 0xFF, MAXC, code)
-    code = tl.where((s[:, None] == 0xFF) & (biased != 0xFF), 0, code)  # an Inf scale: finite -> +-0
-    if SIGNED_ZERO:
-        code = code | (sign << SIGN_SHIFT)
+    if BY_FLOAT:
+        # v = |x| / 2^(s - 127): exact (a power-of-two factor, normal for every finite scale; a v too small to
+        # be normal rounds to code 0 whether or not it is flushed). An Inf scale: factor 0, finite -> +-0.
+        f = (tl.maximum(254 - s, 0) << 23).to(tl.float32, bitcast=True)
+        v = abits.to(tl.float32, bitcast=True) * f[:, None]
+        # code = rint(v * 2^(1 - t)) + 2t, t = 0 below 2, 1 below 4, 2 from 4 (v <= 6 for a finite element), the
+        # rint and the + 2t by adding 1.5 * 2^23 + 2t (exact: v * 2^(1 - t) < 4), the code in the low 3 bits
+        t = tl.maximum((v.to(tl.int32, bitcast=True) >> 23) - 127, 0)
+        y = v * (0x40000000 - (t << 23)).to(tl.float32, bitcast=True) + (0x4B400000 + 2 * t).to(tl.float32, bitcast=True)
+        code = tl.where(abits >= 0x7F800000, MAXC, y.to(tl.int32, bitcast=True) & 7)  # NaN, +-Inf: saturate
+        code = code | (sign << SIGN_SHIFT)  # e2m1: sign kept, no NaN code
     else:
-        code = tl.where(code == 0, code, code | (sign << SIGN_SHIFT))
-    if NANC >= 0:
-        code = tl.where(biased == 0xFF, NANC, code)  # NaN, and +-Inf (times the Inf scale's 1/Inf = 0)
+        biased = (abits >> 23) & 0xFF
+        mant = abits & 0x7FFFFF
+        sig = tl.where(biased > 0, mant | 0x800000, mant)
+        exp_q = tl.maximum(biased, 1) - s[:, None]
+        shift = tl.minimum(tl.maximum(exp_q, EMIN) - MB - exp_q + 23, 30)
+        n = sig >> shift
+        rem = sig & ((1 << shift) - 1)
+        half = 1 << (shift - 1)
+        n = n + ((rem > half) | ((rem == half) & ((n & 1) == 1))).to(tl.int32)
+        code = tl.where(exp_q >= EMIN, ((exp_q - EMIN + 1) << MB) + n - (1 << MB), n)
+        code = tl.minimum(code, MAXC)
+        code = tl.where(biased == 0xFF, MAXC, code)
+        code = tl.where((s[:, None] == 0xFF) & (biased != 0xFF), 0, code)  # an Inf scale: finite -> +-0
+        if SIGNED_ZERO:
+            code = code | (sign << SIGN_SHIFT)
+        else:
+            code = tl.where(code == 0, code, code | (sign << SIGN_SHIFT))
+        if NANC >= 0:
+            code = tl.where(biased == 0xFF, NANC, code)  # NaN, and +-Inf (times the Inf scale's 1/Inf = 0)
     return s, code
 
 
@@ -341,7 +377,7 @@ def _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_row, buf_ptr, init_
                   NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
                   INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, FUSED: tl.constexpr,
                   BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, G_DTILE: tl.constexpr, QG_D: tl.constexpr,
-                  COMPACT_SCALES: tl.constexpr):
+                  COMPACT_SCALES: tl.constexpr, BY_FLOAT: tl.constexpr):
     """A data program (``ROUTE_PROGRAMS`` > 0): slice ``cd`` of row ``t``'s data codes (groups
     ``[cd * G_DTILE, ...)``), of its compact scale row (split semantics) and of its ``moe_buf`` row. It
     reads no routing but its own token's ids and weights (fused semantics: a token whose kept pairs
@@ -365,7 +401,7 @@ def _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_row, buf_ptr, init_
         if t < T:
             if QG_D == G_DTILE:
                 s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
-                                           FLOOR_BITS, G_DTILE)
+                                           FLOOR_BITS, G_DTILE, BY_FLOAT)
                 if FUSED:
                     code = tl.where(all_zero, 0, code)
                 _store_data_row(q_row + gd * (16 if FP4 else 32), code, G - gd, FP4, G_DTILE)
@@ -375,7 +411,7 @@ def _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_row, buf_ptr, init_
             else:
                 for gq in range(gd, tl.minimum(gd + G_DTILE, G), QG_D):
                     s, code = _mx_quant_row(x_row + gq * 32, G - gq, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
-                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG_D)
+                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG_D, BY_FLOAT)
                     if FUSED:
                         code = tl.where(all_zero, 0, code)
                     _store_data_row(q_row + gq * (16 if FP4 else 32), code, G - gq, FP4, QG_D)
@@ -511,7 +547,7 @@ def _sort_quant_kernel(
     HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr,
     QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr,
     MAXC: tl.constexpr, NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
-    INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr,
+    INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, BY_FLOAT: tl.constexpr,
     SNP: tl.constexpr, FUSED: tl.constexpr,
     BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, D_SPLIT,
     PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr, QG: tl.constexpr,
@@ -519,6 +555,7 @@ def _sort_quant_kernel(
     DECODE: tl.constexpr, PAIRS_PAD: tl.constexpr, PAIRS_BITS: tl.constexpr, CMP_CHUNK: tl.constexpr,
     SORT_SELECT: tl.constexpr, COUNT_GATHER: tl.constexpr, DEFER_QUANT: tl.constexpr, COMPARE_T: tl.constexpr,
     ROUTE_PROGRAMS: tl.constexpr, G_DTILE: tl.constexpr, QG_D: tl.constexpr,
+    TILE_STARTS: tl.constexpr, E_TILE: tl.constexpr, N_TILES: tl.constexpr,
 ):
     t = tl.program_id(0)
     cs = tl.program_id(1)  # column slice of the row work; slice 0 also writes the sort outputs
@@ -538,7 +575,7 @@ def _sort_quant_kernel(
             _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_ptr + row * G, buf_ptr, init_ptr, init_stride,
                           row, t, cs - ROUTE_PROGRAMS, T, M, E, D, G, D_SPLIT, K, K_PAD, E_BINS, HAS_MASK,
                           QUANT, FP4, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS,
-                          FUSED, BUF_MODE, D_BLOCK, G_DTILE, QG_D, COMPACT_SCALES)
+                          FUSED, BUF_MODE, D_BLOCK, G_DTILE, QG_D, COMPACT_SCALES, BY_FLOAT)
             return
     ROUTE_QUANT: tl.constexpr = QUANT and not (ROUTE_PROGRAMS > 0 and COMPACT_SCALES)  # this program reads x
     ROUTE_DATA: tl.constexpr = ROUTE_PROGRAMS == 0  # ... and writes codes, compact scales, moe_buf
@@ -551,7 +588,7 @@ def _sort_quant_kernel(
             x_tile = _load_groups(x_row + g0 * 32, tl.where(t < M, G - g0, 0), G_TILE)
             if not DEFER_QUANT:
                 s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
-                                           FLOOR_BITS, G_TILE)
+                                           FLOOR_BITS, G_TILE, BY_FLOAT)
     if BUF_MODE != 0:
         if ROUTE_DATA:
             if t < T:
@@ -566,23 +603,40 @@ def _sort_quant_kernel(
 
     # position = segment start + earlier pairs of the same expert
     if PRESCANNED:
-        # the launches before this one counted: here only table reads and one cumsum over experts
+        # the launches before this one counted: here only table reads and one cumsum over expert tiles
+        # (TILE_STARTS) or over experts
         chunk = t // CHUNK_T
         rank = (tl.load(pre_ptr + chunk * E_BINS + eq, mask=keep_q, other=0)
                 + tl.load(rank_ptr + q, mask=keep_q, other=0))
-        cnt = tl.where(bins < E, tl.load(tot_ptr + bins), 0)
-        padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
-        base = tl.gather(tl.cumsum(padded, 0) - padded, eq, 0)
-        cnt_q = tl.gather(cnt, eq, 0)
+        if TILE_STARTS:  # the scan launch's per-tile starts: a sum over N_TILES values, not E_BINS
+            tiles = tl.arange(0, N_TILES)
+            tile_q = eq // E_TILE
+            tsum = tl.load(tot_ptr + 2 * E_BINS + tiles)
+            base = (tl.load(tot_ptr + E_BINS + eq, mask=keep_q, other=0)
+                    + tl.gather(tl.cumsum(tsum, 0) - tsum, tile_q, 0))
+            cnt_q = tl.load(tot_ptr + eq, mask=keep_q, other=0)
+            total = tl.sum(tsum, 0)
+            if HAS_MASK:
+                msum = tl.load(tot_ptr + 3 * E_BINS + N_TILES + tiles)
+                lid = (tl.load(tot_ptr + 2 * E_BINS + N_TILES + eq, mask=keep_q, other=0)
+                       + tl.gather(tl.cumsum(msum, 0) - msum, tile_q, 0))
+            else:
+                lid = eq
+        else:
+            cnt = tl.where(bins < E, tl.load(tot_ptr + bins), 0)
+            padded = (cnt + BLOCK - 1) // BLOCK * BLOCK
+            base = tl.gather(tl.cumsum(padded, 0) - padded, eq, 0)
+            cnt_q = tl.gather(cnt, eq, 0)
+            total = tl.sum(padded, 0)
+            if HAS_MASK:
+                mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
+                lid = tl.gather(tl.cumsum(mvals, 0) - mvals, eq, 0)
+            else:
+                lid = eq
         pos = base + rank
         fill = tl.where(rank == cnt_q - 1, (cnt_q + BLOCK - 1) // BLOCK * BLOCK - cnt_q, 0)
-        if HAS_MASK:
-            mvals = tl.load(mask_ptr + bins, mask=bins < E, other=0)
-            lid = tl.gather(tl.cumsum(mvals, 0) - mvals, eq, 0)
-        else:
-            lid = eq
         if (t == 0) & (cs == 0):
-            tl.store(nv_ptr, tl.sum(padded, 0))
+            tl.store(nv_ptr, total)
             tl.store(nv_ptr + 1, _token_count_as_given(nlt_ptr, M, HAS_NLT))
     elif DECODE != 0:
         # decode: every program sorts the few pairs itself; only an expert mask is read E-wide
@@ -632,7 +686,7 @@ def _sort_quant_kernel(
         if QG == G_TILE:
             if DEFER_QUANT:  # the row's load was issued first; its math waits until the routing is done
                 s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
-                                           FLOOR_BITS, G_TILE)
+                                           FLOOR_BITS, G_TILE, BY_FLOAT)
     wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
     mine = keep_q & ((slot * 0 + cs) == 0)
     tl.store(sid_ptr + pos, (slot << 24) | t, mask=mine)
@@ -667,7 +721,7 @@ def _sort_quant_kernel(
             else:
                 for gq in range(g0, tl.minimum(g0 + G_TILE, G), QG):
                     s, code = _mx_quant_row(x_row + gq * 32, G - gq, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
-                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG)
+                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG, BY_FLOAT)
                     _store_quant_tile(q_row, s_ptr, cs_ptr + row * G, s, code, gq, G, pos, keep_q, zero_w,
                                       all_zero, FUSED, FP4, SNP, K_PAD, QG, COMPACT_SCALES, ROUTE_DATA)
     if QUANT and ROUTE_DATA:
@@ -726,10 +780,16 @@ def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, M, SNP: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["n_chunks"])
-def _chunk_scan_kernel(hist_ptr, pre_ptr, tot_ptr, n_chunks,
-                       E_BINS: tl.constexpr, E_TILE: tl.constexpr, C_TILE: tl.constexpr):
-    """Exclusive prefix of the chunk histograms over chunks, per expert, and the totals."""
-    e = tl.program_id(0) * E_TILE + tl.arange(0, E_TILE)
+def _chunk_scan_kernel(hist_ptr, pre_ptr, tot_ptr, mask_ptr, n_chunks, E, BLOCK,
+                       E_BINS: tl.constexpr, E_TILE: tl.constexpr, C_TILE: tl.constexpr, N_TILES: tl.constexpr,
+                       TILE_STARTS: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Exclusive prefix of the chunk histograms over chunks, per expert, and the totals (``tot[0:E_BINS]``).
+    With ``TILE_STARTS``, per tile of ``E_TILE`` experts (this program's): each expert's segment start
+    within the tile (``tot[E_BINS:2 E_BINS]``, counts padded to ``BLOCK``) and the tile's padded sum
+    (``tot[2 E_BINS + tile]``), and with an expert mask the same for the local ids (after them), so that
+    each program of the sort launch sums ``N_TILES`` values instead of ``E_BINS``."""
+    p = tl.program_id(0)
+    e = p * E_TILE + tl.arange(0, E_TILE)
     running = tl.zeros([E_TILE], tl.int32)
     for c0 in range(0, n_chunks, C_TILE):
         ci = c0 + tl.arange(0, C_TILE)
@@ -739,6 +799,14 @@ def _chunk_scan_kernel(hist_ptr, pre_ptr, tot_ptr, n_chunks,
         tl.store(pre_ptr + offs, running[None, :] + incl - h, mask=ci[:, None] < n_chunks)
         running += tl.sum(h, 0)
     tl.store(tot_ptr + e, running)
+    if TILE_STARTS:
+        padded = (tl.where(e < E, running, 0) + BLOCK - 1) // BLOCK * BLOCK  # the dropped pairs' bin: no segment
+        tl.store(tot_ptr + E_BINS + e, tl.cumsum(padded, 0) - padded)
+        tl.store(tot_ptr + 2 * E_BINS + p, tl.sum(padded, 0))
+        if HAS_MASK:
+            m = tl.load(mask_ptr + e, mask=e < E, other=0)
+            tl.store(tot_ptr + 2 * E_BINS + N_TILES + e, tl.cumsum(m, 0) - m)
+            tl.store(tot_ptr + 3 * E_BINS + N_TILES + p, tl.sum(m, 0))
 
 
 def _next_pow2(n: int) -> int:
@@ -965,10 +1033,10 @@ def _launch(plan, M, K, dev, topk_ids, topk_weights, x, quant_dtype, expert_mask
     if plan.rank is not None:
         hist = _empty(plan.n_chunks, plan.e_bins, dtype=torch.int32, device=dev)
         pre = _empty(plan.n_chunks, plan.e_bins, dtype=torch.int32, device=dev)
-        tot = _empty(plan.e_bins, dtype=torch.int32, device=dev)
+        tot = _empty(plan.tot_size, dtype=torch.int32, device=dev)
         ranks = _empty(M * K, dtype=torch.int32, device=dev)
         _run(plan.rank, topk_ids, mask_arg, nlt_arg, hist, ranks)
-        _run(plan.scan, hist, pre, tot)
+        _run(plan.scan, hist, pre, tot, mask_arg)
     if plan.tiles is not None:  # large split-semantics batches: compact [M, G] scales, then the sorted rows
         compact = _empty(M, plan.G, dtype=torch.uint8, device=dev)
     _run(plan.sort, *plan.sort_pick((topk_ids, topk_weights, mask_arg, nlt_arg, sorted_ids, sorted_weights,
@@ -993,7 +1061,7 @@ def _tunables() -> tuple:
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             ROLES_MAX_PAIRS, ROLES_PRESCANNED, ROUTE_SPLIT_DIV, DATA_MAX_GROUPS,
-            SCALE_TILE_BYTES, QUANT_GROUPS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
+            SCALE_TILE_BYTES, QUANT_GROUPS, FP4_CODES_BY_FLOAT, PRESCAN_TILE_STARTS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
 
 class _SortPlan(NamedTuple):
@@ -1009,6 +1077,7 @@ class _SortPlan(NamedTuple):
     G: int
     n_chunks: int
     e_bins: int
+    tot_size: int  # the scan launch's table: totals, per-tile starts and sums (and local ids with a mask)
     rank: Prepared | None
     scan: Prepared | None
     sort: Prepared
@@ -1047,7 +1116,7 @@ def _sort_groups(has_mask: bool, has_nlt: bool, quant: bool, has_init: bool, pre
                    for h in heads)
     return groups, operator.itemgetter(*heads)
 _RANK_TENSORS = (0, 1, 2, 3, 4)
-_SCAN_TENSORS = (0, 1, 2)
+_SCAN_TENSORS = (0, 1, 2, 3)
 _TILES_TENSORS = (0, 1, 2, 3)
 
 
@@ -1080,6 +1149,9 @@ def _make_plan(key: tuple) -> _SortPlan:
     prescanned = _prescanned(M, K)
     chunk_t, n_chunks = 1, 0
     rank = scan = tiles = None
+    e_tile = min(e_bins, 64)
+    n_tiles = e_bins // e_tile
+    tile_starts = prescanned and PRESCAN_TILE_STARTS and not quant
     if prescanned:
         chunk_t = max(1, _prev_pow2(CHUNK_PAIRS // K))
         n_chunks = _cdiv(M, chunk_t)
@@ -1087,9 +1159,9 @@ def _make_plan(key: tuple) -> _SortPlan:
         rank = Prepared(_chunk_rank_kernel, (n_chunks,), _RANK_TENSORS, (None,) * 5 + (M, num_experts), dict(
             K=K, E_BINS=e_bins, CHUNK_T=chunk_t, PC=pc, PC_BITS=pc.bit_length() - 1,
             HAS_MASK=has_mask, HAS_NLT=has_nlt, num_warps=4 if pc <= 1024 else 8))
-        e_tile = min(e_bins, 64)
-        scan = Prepared(_chunk_scan_kernel, (e_bins // e_tile,), _SCAN_TENSORS, (None,) * 3 + (n_chunks,),
-                        dict(E_BINS=e_bins, E_TILE=e_tile, C_TILE=64))
+        scan = Prepared(_chunk_scan_kernel, (n_tiles,), _SCAN_TENSORS, (None,) * 4 + (n_chunks, num_experts, block_size),
+                        dict(E_BINS=e_bins, E_TILE=e_tile, C_TILE=64, N_TILES=n_tiles, TILE_STARTS=tile_starts,
+                             HAS_MASK=has_mask))
 
     compact_scales = prescanned and quant and not fused
     g_pad = _next_pow2(G)
@@ -1103,17 +1175,20 @@ def _make_plan(key: tuple) -> _SortPlan:
     sort = Prepared(_sort_quant_kernel, (max(M, 1), split), sort_at, args, dict(
         K=K, K_PAD=k_pad, BLOCK=block_size, PAD_STEP=PAD_STEP, E_BINS=e_bins, **batch,
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
-        QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
+        QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS, BY_FLOAT=fmt["FP4"] and FP4_CODES_BY_FLOAT,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=_round_up(_cdiv(model_dim, fill_split), 16),
         PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales, DEFER_QUANT=DEFER_QUANT_MATH,
+        TILE_STARTS=tile_starts, E_TILE=e_tile if prescanned else 1,
+        N_TILES=n_tiles if prescanned else 1,
         num_warps=warps or (4 if qg * 32 <= WIDE_ROW_ELEMS else 8),
     ))
     if compact_scales:
         tiles = Prepared(_scale_tiles_kernel, (scale_rows // 32,), _TILES_TENSORS, (None,) * 4 + (G, M),
                          dict(SNP=snp, BYTES=SCALE_TILE_BYTES))
-    return _SortPlan(n_sorted, n_blocks, data_cols, scale_rows, snp, G, n_chunks, e_bins, rank, scan, sort, tiles,
+    return _SortPlan(n_sorted, n_blocks, data_cols, scale_rows, snp, G, n_chunks, e_bins, 3 * e_bins + 2 * n_tiles,
+                     rank, scan, sort, tiles,
                      (_sort_quant_kernel, _chunk_rank_kernel, _chunk_scan_kernel, _scale_tiles_kernel), sort_pick)
 
 

@@ -225,6 +225,13 @@ def test_multi_launch_path(monkeypatch):
     run(17, 8, 8, 64, N=224, qd=FP8NUZ, kind="skewed", xkind="special", semantics="split")
     # duplicates within tokens and across chunk edges; topk 11 leaves 5 dead slots in each sorted chunk
     run(29, 11, 16, 16, qd=None, kind="skewed")
+    # more than one 64-bin tile of experts: without a quant, segment starts and local ids summed over the scan's
+    # tiles (PRESCAN_TILE_STARTS); with one, over every bin
+    mask200 = (torch.arange(200, device=DEV) % 3 != 0).to(torch.int32)
+    for qd in (None, FP4):
+        run(23, 4, 200, 32, qd=qd, semantics="split", kind="bad", mask=mask200,
+            nlt=torch.tensor([19], dtype=torch.int32, device=DEV))
+    run(37, 6, 130, 16, qd=None, kind="skewed")
     monkeypatch.setattr(k, "CHUNK_PAIRS", 64)
     run(41, 3, 8, 64, qd=FP4, kind="skewed", nlt=torch.tensor([0], dtype=torch.int32, device=DEV))
     run(41, 3, 8, 64, qd=None, kind="one", nlt=torch.tensor([40], dtype=torch.int32, device=DEV))
@@ -682,10 +689,15 @@ def _fp4_rounding_rows() -> torch.Tensor:
 def test_fp4_rounding_every_pattern_and_scale(semantics):
     """The kernel's e2m1 rounding against the reference's, for every bf16 magnitude under every
     scale that rounds it to a nonzero code, both signs (data bytes and scale bytes, bit for bit; on
-    the GPU, the compiled integer rounding). A rounding on the scaled fp32 value (counting the
-    e2m1 midpoints below it) gave the same codes but no fewer instructions on gfx950 or sm_90,
-    so the integer rounding stays."""
+    the GPU, the compiled rounding): the float rounding (``FP4_CODES_BY_FLOAT``, what ships)."""
     _fp4_rounding_case(semantics)
+
+
+@SLOW_CI
+def test_fp4_integer_rounding_every_pattern_and_scale(monkeypatch):
+    """The general integer rounding (``FP4_CODES_BY_FLOAT`` off) stays exact for e2m1 too."""
+    monkeypatch.setattr(k, "FP4_CODES_BY_FLOAT", False)
+    _fp4_rounding_case("fused")
 
 
 @pytest.mark.gpu

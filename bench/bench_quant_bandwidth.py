@@ -1,0 +1,160 @@
+"""Benchmark: what bounds the prefill's MX quant (issue 34), measured, not guessed.
+
+The sort kernel's prefill time is the sort, the ``moe_buf`` fill and the quant of every activation
+row. This script takes the quant apart on the GPU, CUDA-graph replay, same run:
+
+* ``quant alone``: a kernel that does nothing but the quant of ``[M, N]`` bf16 rows into e2m1 codes and
+  compact scale rows (the product's ``_mx_quant_groups``), one program per ``QG`` groups of a row;
+  ``math``: ``integer`` (the general rounding), ``float`` (``FP4_CODES_BY_FLOAT``), ``none`` (the
+  same loads and stores, the math replaced by a shift: the memory floor of this access pattern).
+  ``GB/s``: activations in, codes and scale bytes out, over the time.
+* ``product``: the whole sort + fill + quant of :mod:`aiter_patches.kernels.moe_sort_mx_quant` as
+  configured, with the integer rounding, without quant (sort + fill), the sort alone, without the fill
+  (``zero_moe_buf=False``), with the math replaced by the shift (a fresh process; bits wrong), and with
+  the schedule constants of ``SCHEDULES``.
+
+    python bench/bench_quant_bandwidth.py --out /tmp/quant_bandwidth.md  # its tables: docs/bench/moe_sort_quant_candidates_h200.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiter_patches.kernels import moe_sort_mx_quant as kernel  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.bench_moe_sort_quant import MODELS, Row, constants, graph_time_us  # noqa: E402
+
+TOKENS = [8192, 32768]
+FP4 = torch.float4_e2m1fn_x2
+SCHEDULES = {  # module constants tried in the product (each: one variant of the prescanned launches)
+    "no tile starts": dict(PRESCAN_TILE_STARTS=False),
+    "groups-64": dict(QUANT_GROUPS=64),
+    "split-2": dict(MIN_ROW_SPLIT=2),
+    "roles": dict(ROLES_PRESCANNED=True),
+}
+# tried in the first run and slower at every row (docs/bench/moe_sort_quant_candidates_h200.md, first run): QUANT_GROUPS 128
+# (with QUANT_ONE_STEP_GROUPS 128), MIN_ROW_SPLIT 4
+
+
+@triton.jit
+def _shift_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr, NANC: tl.constexpr,
+                  SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr, INV_MAX_BITS: tl.constexpr,
+                  FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr, BY_FLOAT: tl.constexpr):
+    """The memory floor's stand-in for ``_mx_quant_groups``: a scale from the group's largest bits, a code
+    from each element's top bits (the same loads and stores, next to no math; bits wrong)."""
+    bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    return (tl.max(bits, axis=1) >> 23) & 0xFF, (bits >> 28) & 0xF
+
+
+@triton.jit
+def _quant_alone_kernel(x_ptr, q_ptr, s_ptr, G, MATH: tl.constexpr, QG: tl.constexpr, INV: tl.constexpr,
+                        FLOOR: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    g0 = tl.program_id(1) * QG
+    x = kernel._load_groups(x_ptr + row * G * 32 + g0 * 32, G - g0, QG)
+    if MATH == 0:
+        s, code = _shift_groups(x, 1, 0, 7, -1, True, 3, INV, FLOOR, QG, False)
+    else:
+        s, code = kernel._mx_quant_groups(x, 1, 0, 7, -1, True, 3, INV, FLOOR, QG, MATH == 2)
+    kernel._store_data_row(q_ptr + row * G * 16 + g0 * 16, code, G - g0, True, QG)
+    g = g0 + tl.arange(0, QG)
+    tl.store(s_ptr + row * G + g, s.to(tl.uint8), mask=g < G)
+
+
+def quant_alone_us(x, math: int, qg: int) -> float:
+    M, N = x.shape
+    G = N // 32
+    q = torch.empty(M, N // 2, dtype=torch.uint8, device=x.device)
+    s = torch.empty(M, G, dtype=torch.uint8, device=x.device)
+    fmt = kernel._FP_FORMATS[FP4]
+    grid = (M, triton.cdiv(G, qg))
+    return harness.graph_us([lambda: _quant_alone_kernel[grid](x, q, s, G, MATH=math, QG=qg, INV=fmt["INV_MAX_BITS"],
+                                                               FLOOR=kernel._AMAX_FLOOR_BITS,
+                                                               num_warps=4 if qg <= 64 else 8)], 6)
+
+
+def _product_shifted(job):
+    """The product's time with its math replaced by the shift (a fresh process: Triton binds a kernel's
+    callees at its first compile)."""
+    M, E, K, N = job
+    kernel._mx_quant_groups = _shift_groups
+    row = Row(M, E, K, N)
+    return row.timer(functools.partial(row.ours, True), row.calls)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--models", default="all")
+    args = ap.parse_args()
+    t0 = time.time()
+    bw = harness.copy_bandwidth()
+    models = MODELS if args.models == "all" else [MODELS[int(i)] for i in args.models.split(",")]
+    tokens = [int(t) for t in args.tokens.split(",")]
+    ctx = multiprocessing.get_context("spawn")
+    alone, product = [], []
+    for E, K, N in models:
+        for M in tokens:
+            row = Row(M, E, K, N)
+            qbytes = row.quant_bytes()
+            x = row.sets[0][2]
+            for qg in (32, 64, 128):
+                cells = [E, K, N, M, qg]
+                for math in (0, 1, 2):
+                    us = quant_alone_us(x, math, qg)
+                    cells += [f"{us:.1f}", f"{qbytes / us / 1e3:.0f}"]
+                alone.append(cells)
+            times = {}
+            for name, values, quant, zero in (("new", {}, True, True),
+                                              ("integer", dict(FP4_CODES_BY_FLOAT=False), True, True),
+                                              ("sort+fill", {}, False, True), ("sort", {}, False, False),
+                                              ("sort, no tile starts", dict(PRESCAN_TILE_STARTS=False), False, False),
+                                              ("no fill", {}, True, False),
+                                              *((n, v, True, True) for n, v in SCHEDULES.items())):
+                with constants(values):
+                    fn = functools.partial(_call, row, quant, zero)
+                    times[name] = graph_time_us(fn, row.calls)
+            with ctx.Pool(1) as pool:
+                times["shift math"] = pool.apply(_product_shifted, ((M, E, K, N),))
+            floor = row.byte_floor_us(bw)
+            product.append([E, K, N, M, f"{floor:.1f}"] + [f"{times[k]:.1f}" for k in times]
+                           + [f"{times['new'] / floor:.2f}x",
+                              f"{qbytes / (times['new'] - times['sort+fill']) / 1e3:.0f}"])
+            heads_p = list(times)
+    lines = [f"<!-- python bench/bench_quant_bandwidth.py --out {args.out}; torch {torch.__version__}, Triton "
+             f"{triton.__version__}, {harness.gpu_name()}, {time.time() - t0:.0f} s -->", "",
+             f"Copy bandwidth {bw / 1e9:.0f} GB/s (read + write counted).", "",
+             "## The quant alone", "",
+             "| experts | topk | hidden | tokens | groups per program | none us | none GB/s | integer us | integer GB/s"
+             " | float us | float GB/s |", "|" + "---:|" * 11]
+    lines += ["| " + " | ".join(map(str, c)) + " |" for c in alone]
+    lines += ["", "## The product", "", "| experts | topk | hidden | tokens | byte floor us | "
+              + " | ".join(f"{h} us" for h in heads_p) + " | new / floor | quant GB/s |",
+              "|" + "---:|" * (7 + len(heads_p))]
+    lines += ["| " + " | ".join(map(str, c)) + " |" for c in product]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _call(row, quant, zero, i):
+    ids, w, x = row.sets[i % len(row.sets)]
+    if quant:
+        return kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4,
+                                        zero_moe_buf=zero)
+    return kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, zero_moe_buf=zero)
+
+
+if __name__ == "__main__":
+    main()

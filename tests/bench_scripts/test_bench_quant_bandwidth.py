@@ -1,0 +1,25 @@
+"""bench/bench_quant_bandwidth.py's own quant kernel (issue 34): the "quant alone" column is the product's
+math, so with either rounding it must give the reference's bytes; the memory floor's stand-in must not."""
+
+import pytest
+import torch
+
+from aiter_patches.kernels import moe_sort_mx_quant as k
+from aiter_patches.reference.mx_quant import mx_quant_rows
+from bench import bench_quant_bandwidth as b
+
+
+@pytest.mark.parametrize("math,same", [(0, False), (1, True), (2, True)])
+def test_quant_alone_kernel_is_the_products_math(math, same):
+    g = torch.Generator().manual_seed(3)
+    M, N = 3, 320  # 10 groups: one program's 32-group share masked past the row's end
+    x = (torch.randn(M, N, generator=g) * 4).bfloat16()
+    x[0, 5], x[1, 40], x[2, 0] = float("nan"), float("inf"), 0.0
+    q = torch.full((M, N // 2), 0xAB, dtype=torch.uint8)
+    s = torch.full((M, N // 32), 0xAB, dtype=torch.uint8)
+    fmt = k._FP_FORMATS[b.FP4]
+    b._quant_alone_kernel[(M, 1)](x, q, s, N // 32, MATH=math, QG=32, INV=fmt["INV_MAX_BITS"],
+                                  FLOOR=k._AMAX_FLOOR_BITS)
+    rq, rs = mx_quant_rows(x, b.FP4)
+    got = torch.equal(q, rq.view(torch.uint8).reshape(M, -1)) and torch.equal(s, rs.view(torch.uint8).reshape(M, -1))
+    assert got == same
