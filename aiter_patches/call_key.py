@@ -8,7 +8,9 @@ keeps it here: a hit reads the arguments' metadata once, into this key, and skip
 What a key holds, per argument: for a plain ``torch.Tensor`` or ``torch.nn.Parameter``, its type,
 shape, strides, dtype, device and ``requires_grad`` (everything a gate may read of a tensor's
 metadata: ``dim()``, ``is_contiguous()``, ``numel()`` follow from them); for ``None``, a bool, int,
-float, str, ``torch.dtype``, ``torch.device`` or an ``Enum`` member, its type and value (a float by
+float, str, ``torch.dtype``, ``torch.device``, an ``Enum`` member or a member of a pybind11 enum (real
+AITER's ``ActivationType`` and ``QuantType``, built in C++, which servers pass to ``fused_moe``), its
+type and value (a float by
 ``float.hex``: exact for every finite value and the infinities, -0.0 is not 0.0, and every NaN, whatever
 its sign and payload, is the one key ``'nan'``, as NaN != NaN would make a dead entry per call; no gate
 tells NaNs apart). Anything
@@ -52,9 +54,16 @@ def value_key(v) -> tuple:
         return (t, v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
     if t is float:
         return (t, v.hex())
-    if t in _VALUE_TYPES or isinstance(v, enum.Enum):
+    if t in _VALUE_TYPES or isinstance(v, enum.Enum) or is_pybind_enum(t):
         return (t, v)
     raise Unkeyable(t.__name__)
+
+
+def is_pybind_enum(t: type) -> bool:
+    """Whether ``t`` is a pybind11 enum class (``py::enum_``, as AITER's C++-built ``ActivationType``): its
+    metaclass is pybind11's and it holds pybind11's table of members. A member holds its C++ value, which
+    Python cannot change, and hashes and compares by it; a key holds the type before it."""
+    return type(t).__name__ == "pybind11_type" and isinstance(t.__dict__.get("__entries"), dict)
 
 
 def args_key(args: tuple, kwargs: dict) -> tuple:
@@ -120,14 +129,40 @@ def split_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
 _SPLITTERS: dict[tuple, Any] = {}  # layout -> straight-line split function (False: args_key, all in the key)
 
 
-def _splitter(layout: tuple, n: int, names: tuple):
-    """``f(args, kwargs) -> (key, tensors)`` for one layout (plain tensors, value types and Enum members
-    only; anything else, or past :data:`MAX_KEYERS` layouts: False, the call keyed by :func:`args_key`).
-    The key's first item is ``f`` itself: one object per layout, alive as long as any key holds it."""
-    if len(_SPLITTERS) >= MAX_KEYERS:
+def meta_key(args: tuple, kwargs: dict) -> tuple:
+    """The key of a call's arguments as given for a decision that reads of a plain tensor its type, shape,
+    dtype and device only, no guard: :func:`split_key`'s key with each tensor's dtype and device after its
+    shape. Values, layouts and what is unkeyable as there (raises :class:`Unkeyable`). Why: the fold's
+    self-check finds a call's plan by it on every call (``moe_addend_fold/first_calls.py``); torch's
+    guard over a ``fused_moe`` call's eight tensors costs the host about what the plan key it saves does."""
+    if _compiling():
+        raise Unkeyable("torch.compile tracing")
+    layout = (*map(type, args), *kwargs, *map(type, kwargs.values()))
+    keyer = _META_KEYERS.get(layout)
+    if keyer is None:
+        keyer = _splitter(layout, len(args), tuple(kwargs), meta=True)
+    if keyer is False:
+        return args_key(args, kwargs)  # finer (strides, requires_grad), never equal to a generated key
+    try:
+        return keyer(args, kwargs)
+    except KeyError:  # a keyword name equal to a plain str's but hashing otherwise: keyed by args_key
+        return args_key(args, kwargs)
+
+
+_META_KEYERS: dict[tuple, Any] = {}  # layout -> straight-line meta_key function (False: args_key)
+
+
+def _splitter(layout: tuple, n: int, names: tuple, meta: bool = False):
+    """``f(args, kwargs) -> (key, tensors)`` for one layout (plain tensors, value types and Enum members,
+    pybind11's included, only; anything else, or past :data:`MAX_KEYERS` layouts: False, the call keyed by :func:`args_key`).
+    The key's first item is ``f`` itself: one object per layout, alive as long as any key holds it.
+    ``meta``: ``f(args, kwargs) -> key`` for :func:`meta_key` instead (each tensor's shape, dtype and device)."""
+    made = _META_KEYERS if meta else _SPLITTERS
+    if len(made) >= MAX_KEYERS:
         return False
     types = layout[:n] + layout[n + len(names):]
-    if not all(t in KEYED_TENSOR_TYPES or t in _VALUE_TYPES or issubclass(t, enum.Enum) for t in types) or not all(
+    if not all(t in KEYED_TENSOR_TYPES or t in _VALUE_TYPES or issubclass(t, enum.Enum) or is_pybind_enum(t)
+               for t in types) or not all(
             type(name) is str for name in names):
         fn = False  # a keyword name of a str subclass (its own hash or eq): keyed by args_key
     else:
@@ -136,13 +171,16 @@ def _splitter(layout: tuple, n: int, names: tuple):
         items, tensors = [], []
         for w, t in zip(where, types):
             if t in KEYED_TENSOR_TYPES:
-                items.append(f"{w}.shape")
+                items.append(f"{w}.shape, {w}.dtype, {w}.device" if meta else f"{w}.shape")
                 tensors.append(w)
             else:
                 items.append(f"{w}.hex()" if t is float else w)
-        exec(f"def split(a, k):\n    return (S, {', '.join(items)}), ({', '.join(tensors)}{',' if tensors else ''})\n", ns)  # noqa: S102 - positions and N<j> only
+        if meta:
+            exec(f"def split(a, k):\n    return (S, {', '.join(items)})\n", ns)  # noqa: S102 - positions and N<j> only
+        else:
+            exec(f"def split(a, k):\n    return (S, {', '.join(items)}), ({', '.join(tensors)}{',' if tensors else ''})\n", ns)  # noqa: S102 - positions and N<j> only
         fn = ns["S"] = ns["split"]
-    _SPLITTERS[layout] = fn
+    made[layout] = fn
     return fn
 
 

@@ -37,7 +37,7 @@ import os
 import threading
 from typing import Any, Iterator
 
-from . import env_flags, registry
+from . import env_flags, periodic, registry
 from .core import events
 
 log = logging.getLogger("aiter_patches")
@@ -76,8 +76,7 @@ _pushed: dict[str, dict[str, Any]] = {}  # per patch, this process's counts alre
 _baseline: dict[str, dict[str, Any]] = {}  # per patch, the counts inherited through fork
 _started_pid: int | None = None
 _atexit_registered = False
-_thread: threading.Thread | None = None
-_stop: threading.Event | None = None
+_periodic = periodic.Periodic("aiter_patches-prometheus", lambda: push())
 _fork = threading.local()
 
 
@@ -189,26 +188,12 @@ def push() -> None:
 
 
 def _start_thread() -> None:
-    global _thread, _stop
-    stop = threading.Event()
-    t = threading.Thread(target=_run, args=(stop, interval()), name="aiter_patches-prometheus", daemon=True)
-    _thread, _stop = t, stop
-    t.start()
-
-
-def _run(stop: threading.Event, seconds: float) -> None:
-    while not stop.wait(seconds):
-        push()
+    _periodic.start(interval())
 
 
 def stop_thread() -> None:
     """Stop this process's push thread (tests, and at exit)."""
-    global _thread, _stop
-    if _stop is not None:
-        _stop.set()
-    if _thread is not None and _thread is not threading.current_thread():
-        _thread.join(timeout=5)
-    _thread, _stop = None, None
+    _periodic.stop()
 
 
 def _at_exit() -> None:
@@ -298,10 +283,10 @@ def _after_fork_in_parent() -> None:
 
 def _renew_after_fork() -> None:
     """``FORK_RENEW``: a fresh lock; the parent's thread is gone."""
-    global _lock, _thread, _stop
+    global _lock
     _fork.lock = None
     _lock = threading.Lock()
-    _thread, _stop = None, None
+    _periodic.forget()
 
 
 def _restart_after_fork(inherited: dict[str, dict[str, Any]]) -> None:

@@ -30,7 +30,7 @@ import os
 import threading
 from typing import Any, Callable, Iterable
 
-from . import env_flags, log_records, registry
+from . import env_flags, log_records, periodic, registry
 from .core import events
 
 log = logging.getLogger("aiter_patches")
@@ -44,8 +44,7 @@ _MAX_FOREIGN = 400
 _lock = threading.Lock()
 _started_pid: int | None = None
 _atexit_registered = False  # once per process lifetime: a forked child inherits the entry, _at_exit checks the pid
-_thread: threading.Thread | None = None
-_stop: threading.Event | None = None
+_periodic = periodic.Periodic("aiter_patches-stats", lambda: log_stats("interval"))
 _baseline: dict[str, dict[str, Any]] = {}  # counts inherited through fork, per patch
 _last: dict[str, str] = {}  # per patch, the counts part of the last line logged
 _before_lines: list[Callable[[], None]] = []  # run before each batch of lines (process_report: a fresh status line)
@@ -81,36 +80,21 @@ def ensure_started() -> None:
 
 
 def _start_thread() -> None:
-    global _thread, _stop
     seconds = interval()
-    if seconds is None:
-        return
-    stop = threading.Event()
-    t = threading.Thread(target=_run, args=(stop, seconds), name="aiter_patches-stats", daemon=True)
-    _thread, _stop = t, stop
-    t.start()
-
-
-def _run(stop: threading.Event, seconds: float) -> None:
-    while not stop.wait(seconds):
-        log_stats("interval")
+    if seconds is not None:
+        _periodic.start(seconds)
 
 
 def stop_thread() -> None:
     """Stop the interval thread of this process (tests; a server never needs to)."""
-    global _thread, _stop
-    if _stop is not None:
-        _stop.set()
-    if _thread is not None and _thread is not threading.current_thread():
-        _thread.join(timeout=5)
-    _thread, _stop = None, None
+    _periodic.stop()
 
 
 def _renew_after_fork() -> None:
     """``FORK_RENEW``: a fresh lock; the parent's thread is gone. Never blocks."""
-    global _thread, _stop, _lock
+    global _lock
     _lock = threading.Lock()
-    _thread, _stop = None, None
+    _periodic.forget()
     _last.clear()
 
 

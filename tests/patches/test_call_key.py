@@ -335,3 +335,49 @@ def test_on_a_gpu_a_self_test_met_inside_a_capture_records_nothing(monkeypatch):
             check = call_key.tensor_guard((t,))
     assert call_key._NATIVE and check(torch.ones(3, 4, device="cuda"))
     assert any("empty" in str(w.message) for w in seen), [str(w.message) for w in seen]
+
+
+def test_pybind11_enum_members_are_keyed_by_type_and_value(guards):
+    """Real AITER's ActivationType and QuantType are pybind11 enums (built in C++), and servers pass them to
+    fused_moe: a call with one is keyed (not run in full every call), one member apart from another."""
+    from torch.profiler import ProfilerActivity  # a pybind11 enum at hand in every torch
+
+    cpu, other = ProfilerActivity.CPU, next(m for m in ProfilerActivity.__members__.values() if m != ProfilerActivity.CPU)
+    assert call_key.value_key(cpu) == (type(cpu), cpu)
+    assert call_key.is_pybind_enum(type(cpu)) and not call_key.is_pybind_enum(Mode) and not call_key.is_pybind_enum(int)
+    t = torch.zeros(3, 4)
+    assert call_key.args_key((t, cpu), {"a": cpu}) == call_key.args_key((t, cpu), {"a": cpu})
+    assert call_key.args_key((t, cpu), {}) != call_key.args_key((t, other), {})
+    assert call_key.args_key((t, cpu), {}) != call_key.args_key((t, int(cpu.value)), {})
+    verdicts = call_key.GuardedVerdicts("t")
+    remember((t,), {"activation": cpu}, verdicts, "cpu")
+    assert verdict_of((torch.ones(3, 4),), {"activation": cpu}, verdicts) == "cpu"
+    assert verdict_of((t,), {"activation": other}, verdicts) is None
+
+
+def test_a_meta_key_holds_a_tensors_type_shape_dtype_and_device_and_every_value():
+    """meta_key (the fold's plan lookup): other strides or requires_grad meet one key; anything else read of a
+    tensor, and the values and layout as args_key keys them, do not. It holds no tensor."""
+    from torch.profiler import ProfilerActivity
+
+    t = torch.zeros(3, 4)
+    key = call_key.meta_key((t, 1), {"a": Mode.A, "b": ProfilerActivity.CPU})
+    assert key == call_key.meta_key((torch.ones(4, 3).t(), 1), {"a": Mode.A, "b": ProfilerActivity.CPU})
+    assert key == call_key.meta_key((torch.ones(3, 4, requires_grad=True), 1), {"a": Mode.A, "b": ProfilerActivity.CPU})
+    others = [((torch.zeros(4, 3), 1), {"a": Mode.A, "b": ProfilerActivity.CPU}),
+              ((t.to(torch.float16), 1), {"a": Mode.A, "b": ProfilerActivity.CPU}),
+              ((torch.nn.Parameter(torch.zeros(3, 4)), 1), {"a": Mode.A, "b": ProfilerActivity.CPU}),
+              ((t, True), {"a": Mode.A, "b": ProfilerActivity.CPU}),
+              ((t, 1.0), {"a": Mode.A, "b": ProfilerActivity.CPU}),
+              ((t, 1), {"b": ProfilerActivity.CPU, "a": Mode.A}),
+              ((t,), {"a": Mode.A, "b": ProfilerActivity.CPU}),
+              ((t, 1), {"a": Mode.A, "b": ProfilerActivity.CUDA}),
+              ((t, 1), {"a": Mode.A, "b": ProfilerActivity.CPU, "c": None})]
+    for a, k in others:
+        assert call_key.meta_key(a, k) != key, (a, k)
+    assert torch.device("meta") != torch.device("cpu")
+    assert call_key.meta_key((torch.zeros(3, 4, device="meta"), 1), {"a": Mode.A, "b": ProfilerActivity.CPU}) != key
+    assert not any(isinstance(x, torch.Tensor) for x in key)
+    for bad in ([1], object()):
+        with pytest.raises(call_key.Unkeyable):
+            call_key.meta_key((bad,), {})

@@ -62,12 +62,8 @@ def test_a_broken_promise_is_not_compared(stub, device, checking):
     assert registry.state(NAME) == registry.APPLIED
 
 
-@pytest.mark.parametrize("entry", ["asm", "dispatcher"])
-def test_a_corrupted_launch_stands_the_patch_down(stub, device, checking, monkeypatch, caplog, entry):
-    M, N, K = 7, 256, 512
-    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=4)
-    expected = _expected(A, Bs, A_scale, B_scale, M, N, device, 2)
-    aiter_patches.apply([NAME, "gemm_dispatch_out_zeroed"])
+def _corrupt_launches(monkeypatch):
+    """Every no-memset launch flips one bit of out at (0, 5) after the stand-in's backend wrote it."""
     backend = gemm_out_zeroed.backend_for(sys.modules["aiter"])
     real = backend.launch
 
@@ -76,6 +72,15 @@ def test_a_corrupted_launch_stands_the_patch_down(stub, device, checking, monkey
         out.view(torch.int16)[0, 5] ^= 1
 
     monkeypatch.setattr(backend, "launch", corrupted)
+
+
+@pytest.mark.parametrize("entry", ["asm", "dispatcher"])
+def test_a_corrupted_launch_stands_the_patch_down(stub, device, checking, monkeypatch, caplog, entry):
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=4)
+    expected = _expected(A, Bs, A_scale, B_scale, M, N, device, 2)
+    aiter_patches.apply([NAME, "gemm_dispatch_out_zeroed"])
+    _corrupt_launches(monkeypatch)
     out = zero_out(M, N, device)
     with caplog.at_level(logging.ERROR, logger="aiter_patches"):
         if entry == "asm":
@@ -107,6 +112,42 @@ def test_a_corrupted_launch_stands_the_patch_down(stub, device, checking, monkey
 def _via_dispatcher(A, Bs, A_scale, B_scale, out):
     mod = sys.modules["aiter.ops.gemm_op_a8w8"]
     return mod.gemm_a8w8_blockscale_bpreshuffle(A, Bs, A_scale, B_scale, torch.bfloat16, out=out, out_zeroed=True)
+
+
+def test_the_dispatcher_counts_what_the_stood_down_layer_under_it_handed_to_aiter(stub, device, checking, monkeypatch):
+    """gemm_dispatch_out_zeroed goes on forwarding the promise after gemm_out_zeroed stood down, but AITER serves
+    those calls (with its memset): counted as such, never as the dispatcher's fast path, and a layer over the
+    dispatcher (forwarding(), as sglang_gemm_zero_pool) hears that the promise was not taken."""
+    from aiter_patches.patches import gemm_dispatch_out_zeroed as dispatch
+
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=4)
+    expected = _expected(A, Bs, A_scale, B_scale, M, N, device, 2)
+    A9, Bs9, A9_scale, B9_scale, _ = make_inputs(stub, 9, N, K, device, seed=5)
+    aiter_patches.apply([NAME, dispatch.NAME])
+    monkeypatch.setattr(sys.modules["aiter.ops.gemm_op_a8w8"], "TUNED",
+                        {(m, N, K): {"libtype": "asm", "splitK": 2, "kernelName": ""} for m in (M, 9)})
+
+    def dispatched():
+        return aiter_patches.stats()[dispatch.NAME]
+
+    for _ in range(2):  # checked, then the fast path: both taken by the layer under it
+        _via_dispatcher(A, Bs, A_scale, B_scale, zero_out(M, N, device))
+    assert dispatched()["fast"] == 2 and not dispatched()["fallback"]
+    _corrupt_launches(monkeypatch)
+    _via_dispatcher(A9, Bs9, A9_scale, B9_scale, zero_out(9, N, device))  # a new plan: its check fails
+    assert registry.state(NAME) == registry.CHECK_FAILED and registry.state(dispatch.NAME) == registry.APPLIED
+    for _ in range(2):
+        again = zero_out(M, N, device)
+        _via_dispatcher(A, Bs, A_scale, B_scale, again)
+        assert torch.equal(bits(again), bits(expected))
+    again = zero_out(M, N, device)
+    mod = sys.modules["aiter.ops.gemm_op_a8w8"]
+    result, forwarded = dispatch.forwarding(mod.gemm_a8w8_blockscale_bpreshuffle, A, Bs, A_scale, B_scale,
+                                            torch.bfloat16, out=again, out_zeroed=True)
+    assert not forwarded and torch.equal(bits(again), bits(expected))
+    assert dispatched()["fast"] == 2 and dispatched()["fallback"] == {dispatch.PRODUCER_DOWN: 4}
+    assert stats()["fallback"].get(self_check.STOOD_DOWN) == 3
 
 
 def test_aiter_against_itself_sets_the_bound():

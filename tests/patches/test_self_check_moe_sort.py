@@ -348,3 +348,90 @@ def test_the_fold_check_ignores_rows_aiter_leaves_undefined_and_matching_nans(st
     aiter_patches.apply([FOLD])
     fm.fused_moe(**args, moe_addend=addend)
     assert registry.state(FOLD) == registry.APPLIED and aiter_patches.stats()[FOLD]["checks_passed"] == 1
+
+
+def _counted_walk(name):
+    real = getattr(dict, name)
+
+    def walk(self):
+        _CountedArguments.walks[0] += 1
+        return real(self)
+
+    return walk
+
+
+class _CountedArguments(dict):
+    """A bound-arguments dict that counts every walk over its items (what a plan key built from them costs)."""
+
+    walks = [0]
+    items, keys, values, __iter__ = map(_counted_walk, ("items", "keys", "values", "__iter__"))
+
+
+@pytest.mark.parametrize("check", ["1", "0"])
+def test_a_known_fold_plan_costs_no_walk_over_the_arguments(stub, device, checking, monkeypatch, check):
+    """After a plan's check (or with the check off), a fused_moe(moe_addend=) call finds its plan by the call's
+    guarded key: it never walks the bound arguments to build the plan key again (the fast path after the check
+    is unchanged: docs/self_check.md)."""
+    import aiter.fused_moe as fm
+
+    from aiter_patches import signatures
+    from aiter_patches.patches.moe_addend_fold import NAME as FOLD
+
+    monkeypatch.setenv(self_check.ENV, check)
+    args = moe_inputs(stub, device, 5, 16, 4, 256, 128, "bf16")
+    addend = torch.randn(5, 256, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16).to(device)
+    aiter_patches.apply([FOLD])
+    real_bind = signatures.Binder.bind
+    walks = _CountedArguments.walks
+    walks[0] = 0
+
+    def counted_bind(self, a, k):
+        bound, problems = real_bind(self, a, k)
+        return _CountedArguments(bound), problems
+
+    monkeypatch.setattr(signatures.Binder, "bind", counted_bind)
+    fm.fused_moe(**args, moe_addend=addend)  # the plan met: its key built once (and checked, with the check on)
+    first = walks[0]
+    for _ in range(5):
+        fm.fused_moe(**args, moe_addend=addend)
+    assert walks[0] == first  # no plan key built again
+    fold = aiter_patches.stats()[FOLD]
+    assert (fold["checks_passed"], fold["fast"]) == ((1, 5) if check == "1" else (0, 6))
+
+
+def test_a_new_fold_plan_is_checked_whatever_the_calls_before_it(stub, device, checking):
+    """Another token count or another argument given: a new plan, with its own first-call check; a call the plan
+    key does not tell apart from a checked one (an addend of other strides) is not checked again."""
+    import aiter.fused_moe as fm
+
+    from aiter_patches.patches.moe_addend_fold import NAME as FOLD
+
+    def inputs(M):
+        args = moe_inputs(stub, device, M, 16, 4, 256, 128, "bf16")
+        return args, torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).to(torch.bfloat16).to(device)
+
+    def counts():
+        fold = aiter_patches.stats()[FOLD]
+        return fold["checks_passed"], fold["fast"]
+
+    aiter_patches.apply([FOLD])
+    args5, add5 = inputs(5)
+    fm.fused_moe(**args5, moe_addend=add5)
+    fm.fused_moe(**args5, moe_addend=add5)
+    assert counts() == (1, 1)
+    args7, add7 = inputs(7)
+    expected = fm.fused_moe(**args7) + add7
+    got = fm.fused_moe(**args7, moe_addend=add7)  # another token count: checked, AITER's result
+    assert same_bits(got, expected) and counts() == (2, 1)
+    fm.fused_moe(**args7, moe_addend=add7)
+    assert counts() == (2, 2)
+    for given in ({"doweight_stage1": True}, {"dtype": torch.bfloat16}):
+        before = counts()
+        fm.fused_moe(**args5, moe_addend=add5, **given)  # another argument given: another plan, checked
+        fm.fused_moe(**args5, moe_addend=add5, **given)
+        assert counts() == (before[0] + 1, before[1] + 1), given
+    wide = torch.zeros(5, 512, dtype=torch.bfloat16, device=device)
+    wide[:, :256] = add5
+    fm.fused_moe(**args5, moe_addend=wide[:, :256])  # other strides, the same plan: not checked again
+    fm.fused_moe(**args5, moe_addend=wide[:, :256])
+    assert counts() == (4, 6) and registry.state(FOLD) == registry.APPLIED

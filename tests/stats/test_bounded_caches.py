@@ -49,12 +49,30 @@ def _ids(M: int, topk: int = 8) -> torch.Tensor:
 def test_call_key_code_per_layout_stays_at_max_keyers(monkeypatch):
     monkeypatch.setattr(call_key, "_KEYERS", {})
     monkeypatch.setattr(call_key, "_SPLITTERS", {})
+    monkeypatch.setattr(call_key, "_META_KEYERS", {})
     kinds = (1, 1.5, "s", None, True)
     for n, args in enumerate(itertools.islice(itertools.product(kinds, repeat=6), LAYOUTS)):
         call_key.args_key(args, {})
         call_key.split_key((), {f"k{n}": 1})
+        call_key.meta_key((), {f"k{n}": 1})
     assert len(call_key._KEYERS) == call_key.MAX_KEYERS
     assert len(call_key._SPLITTERS) == call_key.MAX_KEYERS
+    assert len(call_key._META_KEYERS) == call_key.MAX_KEYERS
+
+
+def test_the_fold_plans_stay_at_their_caps(monkeypatch):
+    from aiter_patches import self_check
+    from aiter_patches.patches.moe_addend_fold import first_calls
+
+    monkeypatch.setenv(self_check.ENV, "1")
+    monkeypatch.setattr(self_check, "_plans_made", {})
+    monkeypatch.setattr(first_calls, "_PLANS", {})
+    monkeypatch.setattr(first_calls, "_BY_CALL", {})
+    for M in range(CALLS):
+        x = torch.empty(M, 8, **META)
+        first_calls.plan_for("t", pipeline.FusedMoeStep({"hidden_states": x}, {}, (None, (x,), {}), None), x)
+    assert len(first_calls._PLANS) == first_calls.MAX_PLANS == 1024
+    assert len(first_calls._BY_CALL) == first_calls.MAX_CALL_KEYS == 1024
 
 
 def test_guarded_verdicts_stay_at_their_limit_and_per_key_cap():

@@ -92,7 +92,7 @@ RELIED_ON = (
 NOT_SIZED = "the pool was not sized for this token count yet (sized from this forward for the next)"
 EXHAUSTED = "the pool is exhausted (its cap, or more GEMMs than this token count had before)"
 NOT_TAKEN = ("a pooled slice went to the dispatcher but its layer did not pass the promise on (another kernel "
-             "or split 1 was picked): the GEMM wrote the zeroed slice as usual")
+             "or split 1 was picked, or gemm_out_zeroed stood down): the GEMM wrote the zeroed slice as usual")
 NOT_SPLIT = "AITER's tuned config picks no asm split above one here: no memset to save"
 
 

@@ -60,6 +60,8 @@ DISPATCHER_SOURCE = SourcePin(
 
 NOT_ASM = "the tuned config chose another kernel than asm (it writes every element): out_zeroed ignored"
 NO_OUT = "out_zeroed without out=: the dispatcher allocates its own output"
+PRODUCER_DOWN = (f"passed on to {PRODUCER}, which stood down (its self-check against AITER failed): "
+                 "AITER served the call, with its memset")
 
 _promise: contextvars.ContextVar["_Promise | None"] = contextvars.ContextVar("aiter_patches_gemm_out_zeroed",
                                                                              default=None)
@@ -82,7 +84,8 @@ _outcome: contextvars.ContextVar["_Outcome | None"] = contextvars.ContextVar("ai
 
 def forwarding(call, *args, **kwargs) -> tuple[Any, bool]:
     """``call(*args, **kwargs)`` (the dispatcher, with ``out_zeroed=True``) and whether this patch's layer
-    passed the promise on to the asm kernel during it: for a layer over the dispatcher that makes the promise."""
+    passed the promise on to the asm kernel during it, to a ``gemm_out_zeroed`` that had not stood down:
+    for a layer over the dispatcher that makes the promise."""
     outcome = _Outcome()
     token = _outcome.set(outcome)
     try:
@@ -97,6 +100,7 @@ def _dispatcher_wrapper(inner, site):
 
     binder = site.binder
     counters = site.counters
+    unmet = site.needs_unmet  # "gemm_out_zeroed is check_failed" once it stood down (the core's answer, per call)
 
     def gemm_a8w8_blockscale_bpreshuffle(*args, out_zeroed=False, **kwargs):
         if not out_zeroed or torch.compiler.is_compiling():  # traced: the memset stays (no promise through Dynamo)
@@ -114,13 +118,14 @@ def _dispatcher_wrapper(inner, site):
             result = inner(*args, **kwargs)
         finally:
             _promise.reset(token)
-        if promise.forwarded:
+        taken = promise.forwarded and unmet() is None  # a layer that stood down handed it to AITER
+        if taken:
             counters.hit()
         else:
-            counters.fallback(NOT_ASM)
+            counters.fallback(PRODUCER_DOWN if promise.forwarded else NOT_ASM)
         outcome = _outcome.get()
         if outcome is not None:
-            outcome.forwarded = promise.forwarded
+            outcome.forwarded = taken
         return result
 
     return moe_call.like(gemm_a8w8_blockscale_bpreshuffle, inner)

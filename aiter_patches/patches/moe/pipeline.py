@@ -8,8 +8,8 @@ below, passing one plan (:class:`moe_call.MoeCall`, per ``fused_moe`` call) and 
 (:class:`FusedMoeStep` / :class:`SortStep`, per wrapped call). Each feature declares the fields it reads and writes
 (``call.*`` the plan, ``fused_moe.*`` / ``sort.*`` the step; every feature may read the bound arguments:
 ``arguments`` and ``problems``, ``bind()``, ``arguments_key()``, ``layout()``, ``picker()`` and ``pick()`` on the
-sort's step, and run AITER's sort on them, ``call_aiter()``); the tests run every step through a check of those
-declarations (:func:`run_steps_through`), where an undeclared access raises.
+sort's step, ``meta_key()`` on ``fused_moe``'s, and run AITER's function on them, ``call_aiter()``); the tests run
+every step through a check of those declarations (:func:`run_steps_through`), where an undeclared access raises.
 
 =================  ====  ==================  ===================  ==========================================  ==========================================
 target             step  feature             does                 reads                                       writes
@@ -103,7 +103,8 @@ STEPS: dict[str, tuple] = {
         ("moe_addend_fold", "start_from_addend"),
     ),
 }
-ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "layout", "picker", "pick", "call_aiter"})
+ALWAYS_READABLE = frozenset({"arguments", "problems", "bind", "arguments_key", "meta_key", "layout", "picker", "pick",
+                             "call_aiter"})
 
 
 class Feature:
@@ -142,16 +143,24 @@ def feature(f: Feature) -> Feature:
 class FusedMoeStep:
     """One ``fused_moe`` call: its bound arguments, the extra keywords taken off, AITER's output."""
 
-    __slots__ = ("arguments", "problems", "keywords", "output", "_again")
+    __slots__ = ("arguments", "problems", "keywords", "output", "_again", "_binder")
     FIELDS = frozenset({"keywords", "output"})
     PREFIX = "fused_moe"
 
-    def __init__(self, arguments: dict, keywords: dict, again=None):
+    def __init__(self, arguments: dict, keywords: dict, again=None, binder=None):
         self.arguments, self.problems, self.keywords, self.output, self._again = arguments, (), keywords, None, again
+        self._binder = binder
 
     def call_aiter(self):  # AITER's fused_moe on this call's arguments, less the extra keywords (the self-check)
         original, args, kwargs = self._again
         return original(*args, **kwargs)
+
+    def meta_key(self) -> tuple:
+        """The call's arguments as given, less the extra keywords, keyed by :func:`call_key.meta_key` (each
+        tensor's type, shape, dtype and device; raises :class:`call_key.Unkeyable`), with the binder that
+        bound them: what ``arguments`` holds of them is a function of this key."""
+        _, args, kwargs = self._again
+        return call_key.meta_key(args, kwargs), self._binder
 
 
 class SortStep:
@@ -384,7 +393,7 @@ def _build_fused_moe(kind, original, layers, guards):
                 refuse(site, problems[0])
             return original(*args, **kwargs)
         call, new = joined_or_new(bound)
-        step = FusedMoeStep(bound, given, (original, args, kwargs))
+        step = FusedMoeStep(bound, given, (original, args, kwargs), binder)
         before, after = engaged.steps
         for run in before:
             run(call, step)

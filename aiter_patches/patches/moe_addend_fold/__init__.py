@@ -100,14 +100,15 @@ class AddendFold(moe_pipeline.Feature):
         raise TypeError(f"fused_moe(): {problem}")
 
     def forget(self) -> None:
-        first_calls._PLANS.clear()  # applied afresh: every plan is checked again
+        first_calls.forget()  # applied afresh: every plan is checked again
 
     def take_addend(self, site, call, step) -> None:
         bound, addend = step.arguments, step.keywords["moe_addend"]
         validate_addend(addend, bound.get("hidden_states"), bound.get("topk_ids"), bound.get("w2"),
                         bound.get("dtype"), bound.get("output"))
         call.addend, call.addend_state = addend, PENDING
-        call.addend_check = first_calls.plan_for(NAME, bound, addend)  # None: off, or this plan checked
+        call.addend_check = first_calls.plan_for(NAME, step, addend)  # None: off, or this plan checked
+
     def add_or_count(self, site, call, step) -> None:
         """Folded into this very output: a hit. Otherwise the addend is added now, once, and the reason counted."""
         out = step.output

@@ -11,12 +11,14 @@ gets AITER's result on that call, written into the folded output.
 
 from __future__ import annotations
 
-from ... import self_check
+from ... import call_key, self_check
 
 BOUND = 1e-2  # the fold's contract (README, verify's check): 2-norm relative error against fused_moe + addend
 _PLANS: dict[tuple, self_check.Plan] = {}
 MAX_PLANS = 1024  # past it a new plan is made per call (and counted by self_check.MAX_PLANS)
 EXTENSION_ACTIVE = "self-check deferred: a sort extension is active (the addend is added after the call)"
+_BY_CALL: dict[tuple, tuple] = {}  # the call's meta key -> (its plan,): see plan_for
+MAX_CALL_KEYS = 1024  # past it a call met for the first time finds its plan by plan_key, every call
 
 
 class Begun:
@@ -28,9 +30,51 @@ class Begun:
         self.plan = plan
 
 
-def plan_for(name: str, bound: dict, addend) -> self_check.Plan | None:
-    """The check state of this ``fused_moe`` call's plan while it has checks left, else None. The plan is
-    everything in the call that picks AITER's stages: every argument's metadata (tensors) or value."""
+def forget() -> None:
+    """Drop every plan: applied afresh, or stood down (every later call decides afresh)."""
+    _PLANS.clear()
+    _BY_CALL.clear()
+
+
+def plan_for(name: str, step, addend) -> self_check.Plan | None:
+    """The check state of this ``fused_moe`` call's plan while it has checks left, else None.
+
+    Why not :func:`plan_key` alone: this runs on every ``fused_moe(moe_addend=)`` call, and the fast path
+    after the check must cost what it cost before it (docs/self_check.md). A call is looked up by the
+    key of its arguments as given (``step.meta_key()``: generated code per layout, each tensor's shape,
+    dtype and device, values by type and value) and the addend's metadata: one dict lookup, then one
+    attribute read. That key tells apart everything :func:`plan_key` does, so a call met for the first
+    time (or unkeyable) finds its plan by :func:`plan_key`, and calls one plan key covers share its
+    check. With the check off and no plan made, nothing is keyed; a plan not made while the check is
+    off is made when it is on again. Past the check's cap (``self_check.MAX_PLANS``) the call keeps None."""
+    if not _PLANS and not self_check.enabled():
+        return None
+    try:
+        key = (step.meta_key(), type(addend), addend.shape, addend.dtype, addend.device)
+    except call_key.Unkeyable:
+        key = None
+    else:
+        got = _BY_CALL.get(key)
+        if got is not None:
+            plan = got[0]
+            return plan if plan is not None and plan.left else None
+    full = plan_key(step.arguments, addend)
+    plan = _PLANS.get(full)
+    if plan is None:
+        if not self_check.enabled():
+            return None
+        plan = self_check.new_plan(name)  # None: past the cap, for the process's life
+        if plan is not None:
+            if len(_PLANS) >= MAX_PLANS:
+                return plan  # made per call, kept nowhere (self_check.MAX_PLANS bounds them)
+            _PLANS[full] = plan
+    if key is not None and len(_BY_CALL) < MAX_CALL_KEYS:
+        _BY_CALL[key] = (plan,)
+    return plan if plan is not None and plan.left else None
+
+
+def plan_key(bound: dict, addend) -> tuple:
+    """The plan: everything in the call that picks AITER's stages: every argument's metadata (tensors) or value."""
     key = []
     for k, v in bound.items():
         if hasattr(v, "shape") and hasattr(v, "dtype"):
@@ -40,13 +84,7 @@ def plan_for(name: str, bound: dict, addend) -> self_check.Plan | None:
         else:
             key.append((k, type(v).__name__, str(v)[:64]))
     key.append(("moe_addend", tuple(addend.shape), addend.dtype, addend.device))
-    key = tuple(key)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = self_check.new_plan(name)
-        if plan is not None and len(_PLANS) < MAX_PLANS:
-            _PLANS[key] = plan
-    return plan if plan is not None and plan.left else None
+    return tuple(key)
 
 
 def defer(site, call, step) -> bool:
@@ -86,7 +124,7 @@ def finish(site, call, step) -> None:
                       inputs={**kept, "moe_addend": call.addend,
                               "the other arguments": {k: (tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor)
                                                       else repr(v)[:200] for k, v in bound.items() if k not in kept}},
-                      forget=_PLANS.clear)
+                      forget=forget)
     out.copy_(theirs)
 
 
