@@ -227,6 +227,7 @@ def test_multi_launch_path(monkeypatch):
     run(29, 11, 16, 16, qd=None, kind="skewed")
     # more than one 64-bin tile of experts: without a quant, segment starts and local ids summed over the scan's
     # tiles (PRESCAN_TILE_STARTS); with one, over every bin
+    monkeypatch.setattr(k, "PRESCAN_TILE_STARTS", True)
     mask200 = (torch.arange(200, device=DEV) % 3 != 0).to(torch.int32)
     for qd in (None, FP4):
         run(23, 4, 200, 32, qd=qd, semantics="split", kind="bad", mask=mask200,
@@ -570,6 +571,19 @@ def test_gpu_prefill_matrix(M, K, E, B, N, qd):
 def test_gpu_largest_prefill(K, E, B, N, qd):
     """32768 tokens at topk 8 and 16: the four-launch path with its scale tiles, at the shapes benchmarked."""
     run(32768, K, E, B, N, qd, seed=K)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M,K,E,B,mask_every", [(4099, 1, 8, 16, 0), (8192, 8, 256, 32, 3), (4096, 16, 896, 64, 0),
+                                                (3000, 8, 2048, 128, 5)])
+def test_gpu_prefill_sort_only_tile_starts(monkeypatch, M, K, E, B, mask_every):
+    """Prescanned launches without a quant with the scan's per-tile segment starts (PRESCAN_TILE_STARTS):
+    one tile (8 experts) to 64 (2048), with and without an expert mask and local tokens."""
+    monkeypatch.setattr(k, "PRESCAN_TILE_STARTS", True)
+    mask = (torch.arange(E, device=DEV) % mask_every != 0).to(torch.int32) if mask_every else None
+    nlt = torch.tensor([M - 7], dtype=torch.int32, device=DEV) if mask_every else None
+    run(M, K, E, B, 2048, qd=None, mask=mask, nlt=nlt, kind="bad" if mask_every else "uniform", seed=M)
 
 
 @pytest.mark.parametrize("kind", ["one", "skewed", "bad"])

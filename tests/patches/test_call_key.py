@@ -381,3 +381,33 @@ def test_a_meta_key_holds_a_tensors_type_shape_dtype_and_device_and_every_value(
     for bad in ([1], object()):
         with pytest.raises(call_key.Unkeyable):
             call_key.meta_key((bad,), {})
+
+
+def test_the_fold_plan_of_a_call_with_an_unhashable_enum_is_found_by_its_plan_key(monkeypatch):
+    """An Enum with __eq__ and no __hash__ keys by type and value but does not hash: the fold's plan lookup
+    falls back to the plan key (which the call then shares) instead of raising out of fused_moe."""
+    import enum
+
+    from aiter_patches import self_check
+    from aiter_patches.patches.moe import pipeline
+    from aiter_patches.patches.moe_addend_fold import first_calls
+
+    class Act(enum.Enum):
+        A = 1
+
+        def __eq__(self, other):
+            return self is other
+
+    monkeypatch.setenv(self_check.ENV, "1")
+    monkeypatch.setattr(self_check, "_plans_made", {})
+    monkeypatch.setattr(first_calls, "_PLANS", {})
+    monkeypatch.setattr(first_calls, "_BY_CALL", {})
+    x = torch.empty(3, 8)
+
+    def step():
+        return pipeline.FusedMoeStep({"hidden_states": x, "activation": Act.A}, {}, (None, (x,), {"activation": Act.A}),
+                                     None)
+
+    first = first_calls.plan_for("t", step(), x)
+    assert first is not None and first_calls.plan_for("t", step(), x) is first
+    assert len(first_calls._PLANS) == 1 and not first_calls._BY_CALL

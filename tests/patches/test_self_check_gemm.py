@@ -131,9 +131,9 @@ def test_the_dispatcher_counts_what_the_stood_down_layer_under_it_handed_to_aite
     def dispatched():
         return aiter_patches.stats()[dispatch.NAME]
 
-    for _ in range(2):  # checked, then the fast path: both taken by the layer under it
+    for _ in range(2):  # checked (the caller gets AITER's result, memset included), then the fast path
         _via_dispatcher(A, Bs, A_scale, B_scale, zero_out(M, N, device))
-    assert dispatched()["fast"] == 2 and not dispatched()["fallback"]
+    assert dispatched()["fast"] == 1 and dispatched()["fallback"] == {dispatch.PRODUCER_DOWN: 1}
     _corrupt_launches(monkeypatch)
     _via_dispatcher(A9, Bs9, A9_scale, B9_scale, zero_out(9, N, device))  # a new plan: its check fails
     assert registry.state(NAME) == registry.CHECK_FAILED and registry.state(dispatch.NAME) == registry.APPLIED
@@ -146,7 +146,7 @@ def test_the_dispatcher_counts_what_the_stood_down_layer_under_it_handed_to_aite
     result, forwarded = dispatch.forwarding(mod.gemm_a8w8_blockscale_bpreshuffle, A, Bs, A_scale, B_scale,
                                             torch.bfloat16, out=again, out_zeroed=True)
     assert not forwarded and torch.equal(bits(again), bits(expected))
-    assert dispatched()["fast"] == 2 and dispatched()["fallback"] == {dispatch.PRODUCER_DOWN: 4}
+    assert dispatched()["fast"] == 1 and dispatched()["fallback"] == {dispatch.PRODUCER_DOWN: 5}
     assert stats()["fallback"].get(self_check.STOOD_DOWN) == 3
 
 
@@ -182,3 +182,31 @@ def test_a_non_zero_out_skips_the_plans_check_once_not_every_call(stub, device, 
         out = torch.ones(M, N, dtype=torch.bfloat16, device=device)
         gemm(A, Bs, out, A_scale, B_scale, splitK=2, out_zeroed=True)
     assert stats()["fallback"] == {first_calls.NOT_ZERO: 1} and stats()["fast"] == 3
+
+
+def test_the_dispatcher_counts_a_hand_back_of_the_layer_under_it_for_any_reason(stub, device, monkeypatch):
+    """Not only a stand-down: whenever gemm_out_zeroed hands the forwarded promise to AITER (here: AITER's .co
+    cannot be launched), AITER's memset runs, so neither the dispatcher nor a layer over it (forwarding()) counts
+    the promise as taken; the reason is counted where it arose."""
+    from aiter_patches.patches import gemm_dispatch_out_zeroed as dispatch
+
+    M, N, K = 7, 256, 512
+    A, Bs, A_scale, B_scale, _ = make_inputs(stub, M, N, K, device, seed=4)
+    aiter_patches.apply([NAME, dispatch.NAME])
+    try:
+        monkeypatch.setattr(sys.modules["aiter.ops.gemm_op_a8w8"], "TUNED",
+                            {(M, N, K): {"libtype": "asm", "splitK": 2, "kernelName": ""}})
+        reason = "AITER's .co cannot be launched here: test"
+        backend = gemm_out_zeroed.backend_for(sys.modules["aiter"])
+        monkeypatch.setattr(backend, "plan", lambda *a, **k: gemm_out_zeroed.HandBack(reason))
+        for _ in range(3):
+            _via_dispatcher(A, Bs, A_scale, B_scale, zero_out(M, N, device))
+        mod = sys.modules["aiter.ops.gemm_op_a8w8"]
+        _, forwarded = dispatch.forwarding(mod.gemm_a8w8_blockscale_bpreshuffle, A, Bs, A_scale, B_scale,
+                                           torch.bfloat16, out=zero_out(M, N, device), out_zeroed=True)
+        counted = aiter_patches.stats()
+        assert not forwarded
+        assert counted[NAME]["fast"] == 0 and counted[NAME]["fallback"] == {reason: 4}
+        assert counted[dispatch.NAME]["fast"] == 0 and counted[dispatch.NAME]["fallback"] == {dispatch.PRODUCER_DOWN: 4}
+    finally:
+        registry.revert()

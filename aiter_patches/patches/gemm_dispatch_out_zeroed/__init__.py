@@ -12,7 +12,8 @@ the keyword to the dispatcher and forwards it to the asm entry point only:
 - a layer over the asm entry point (outside ``gemm_out_zeroed``'s) passes
   ``out_zeroed=True`` on when the tensor it is given is exactly that ``out``, once;
   ``gemm_out_zeroed`` then skips the memset where the split count is above one and
-  runs the original call at one split (its own rule, counted there);
+  runs the original call at one split (its own rule, counted there), and says per call
+  whether it skipped it (``patches/memset_skipped.py``): only then is this patch's hit counted;
 - every other kernel the config picks (CK, CKTile, Triton, opus, FlyDSL) writes
   every element and never sees the promise: it is ignored, counted.
 
@@ -35,7 +36,7 @@ from typing import Any
 
 from ...core.declarations import Patch, SourcePin, Target
 from ...signatures import Pin
-from .. import pins, relied_on
+from .. import memset_skipped, pins, relied_on
 from ..moe import call as moe_call
 
 NAME = "gemm_dispatch_out_zeroed"
@@ -60,8 +61,8 @@ DISPATCHER_SOURCE = SourcePin(
 
 NOT_ASM = "the tuned config chose another kernel than asm (it writes every element): out_zeroed ignored"
 NO_OUT = "out_zeroed without out=: the dispatcher allocates its own output"
-PRODUCER_DOWN = (f"passed on to {PRODUCER}, which stood down (its self-check against AITER failed): "
-                 "AITER served the call, with its memset")
+PRODUCER_DOWN = (f"passed on to {PRODUCER}, which handed it to AITER (its reason counted there: stood down, "
+                 "no launcher, one split, ...): AITER served the call, with its memset")
 
 _promise: contextvars.ContextVar["_Promise | None"] = contextvars.ContextVar("aiter_patches_gemm_out_zeroed",
                                                                              default=None)
@@ -84,8 +85,8 @@ _outcome: contextvars.ContextVar["_Outcome | None"] = contextvars.ContextVar("ai
 
 def forwarding(call, *args, **kwargs) -> tuple[Any, bool]:
     """``call(*args, **kwargs)`` (the dispatcher, with ``out_zeroed=True``) and whether this patch's layer
-    passed the promise on to the asm kernel during it, to a ``gemm_out_zeroed`` that had not stood down:
-    for a layer over the dispatcher that makes the promise."""
+    passed the promise on to the asm kernel during it and ``gemm_out_zeroed`` launched without the memset
+    (``memset_skipped``): for a layer over the dispatcher that makes the promise."""
     outcome = _Outcome()
     token = _outcome.set(outcome)
     try:
@@ -100,7 +101,6 @@ def _dispatcher_wrapper(inner, site):
 
     binder = site.binder
     counters = site.counters
-    unmet = site.needs_unmet  # "gemm_out_zeroed is check_failed" once it stood down (the core's answer, per call)
 
     def gemm_a8w8_blockscale_bpreshuffle(*args, out_zeroed=False, **kwargs):
         if not out_zeroed or torch.compiler.is_compiling():  # traced: the memset stays (no promise through Dynamo)
@@ -114,11 +114,13 @@ def _dispatcher_wrapper(inner, site):
             return inner(*args, **kwargs)
         promise = _Promise(bound["out"])
         token = _promise.set(promise)
+        skipped, scope = memset_skipped.expect()
         try:
             result = inner(*args, **kwargs)
         finally:
+            memset_skipped.close(scope)
             _promise.reset(token)
-        taken = promise.forwarded and unmet() is None  # a layer that stood down handed it to AITER
+        taken = promise.forwarded and skipped[0]  # the layer under ours says whether its launch skipped the memset
         if taken:
             counters.hit()
         else:

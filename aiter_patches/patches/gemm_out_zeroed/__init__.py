@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, Protocol
 
 from ... import call_key, self_check
 from ...core.declarations import CheckResult, Patch, Target
-from .. import pins, relied_on
+from .. import memset_skipped, pins, relied_on
 from ..moe import call as moe_call
 
 NAME = "gemm_out_zeroed"
@@ -231,6 +231,7 @@ def _wrapper(inner, site):
         except Exception as exc:
             counters.failed(exc, "GEMM launch without memset")
             return inner(*args, **kwargs)
+        memset_skipped.report()  # the layer that forwarded the promise counts its hit by this
         counters.hit()
         return operands[2]  # every plan that launches came with its operands
 

@@ -51,10 +51,10 @@ def plan_for(name: str, step, addend) -> self_check.Plan | None:
         return None
     try:
         key = (step.meta_key(), type(addend), addend.shape, addend.dtype, addend.device)
-    except call_key.Unkeyable:
+        got = _BY_CALL.get(key)
+    except (call_key.Unkeyable, TypeError):  # TypeError: an argument that does not hash (an Enum with __eq__ only)
         key = None
     else:
-        got = _BY_CALL.get(key)
         if got is not None:
             plan = got[0]
             return plan if plan is not None and plan.left else None
@@ -67,7 +67,7 @@ def plan_for(name: str, step, addend) -> self_check.Plan | None:
         if plan is not None:
             if len(_PLANS) >= MAX_PLANS:
                 return plan  # made per call, kept nowhere (self_check.MAX_PLANS bounds them)
-            _PLANS[full] = plan
+            plan = _PLANS.setdefault(full, plan)  # two threads meeting one new plan key: one plan
     if key is not None and len(_BY_CALL) < MAX_CALL_KEYS:
         _BY_CALL[key] = (plan,)
     return plan if plan is not None and plan.left else None
