@@ -478,7 +478,8 @@ def main():
         f"{kernel.DECODE_SORT_SELECT}, DECODE_NUM_WARPS {kernel.DECODE_NUM_WARPS}, TOKEN_BUCKETS "
         f"{kernel.TOKEN_BUCKETS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}, DEFER_QUANT_MATH "
         f"{kernel.DEFER_QUANT_MATH}, QUANT_ONE_STEP_GROUPS {kernel.QUANT_ONE_STEP_GROUPS}, QUANT_GROUPS "
-        f"{kernel.QUANT_GROUPS}. -->",
+        f"{kernel.QUANT_GROUPS}, ROLES_MAX_PAIRS {kernel.ROLES_MAX_PAIRS}, FP4_CODES_BY_FLOAT "
+        f"{kernel.FP4_CODES_BY_FLOAT}, PRESCAN_TILE_STARTS {kernel.PRESCAN_TILE_STARTS}. -->",
         "",
         f"# MoE sort + zero + MXFP4 quant on {harness.gpu_name()}",
         "",
