@@ -238,7 +238,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = _environment_problem()
         if problem:
             return _bad_input(args.cmd, problem)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        if exc.name not in NEEDED:
+            raise
+        return _bad_input(args.cmd, f"needs {exc.name} (the patch modules import it), which {sys.executable} does "
+                                    "not have: run it with the Python that aiter_patches' torch is installed in")
+
+
+NEEDED = ("torch", "triton")  # what the commands import through the patch modules
 
 
 if __name__ == "__main__":

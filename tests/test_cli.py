@@ -150,3 +150,17 @@ def test_the_environment_check_logs_no_summary_of_its_own(caplog, monkeypatch):
     with caplog.at_level("DEBUG", logger="aiter_patches"):
         assert cli._environment_problem() is None
     assert not [r for r in caplog.records if "aiter_patches status:" in r.getMessage()]
+
+
+def test_a_python_without_torch_gets_one_line_not_a_traceback(monkeypatch, capsys):
+    """`signatures --check` run by a Python that lacks torch (a bare system python3): the patch modules import it,
+    so the command ends in one line naming what is missing and what to do, exit status 2."""
+    from aiter_patches import cli, signatures_doc
+
+    def check(path):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(signatures_doc, "check", check)
+    assert cli.main(["signatures", "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("aiter-patches signatures: needs torch") and "Traceback" not in err[0]
