@@ -11,7 +11,9 @@ row. This script takes the quant apart on the GPU, CUDA-graph replay, same run:
 * ``product``: the whole sort + fill + quant of :mod:`aiter_patches.kernels.moe_sort_mx_quant` as
   configured, with the integer rounding, without quant (sort + fill), the sort alone, without the fill
   (``zero_moe_buf=False``), with the math replaced by the shift (a fresh process; bits wrong), and with
-  the schedule constants of ``SCHEDULES``.
+  the schedule constants of ``SCHEDULES``; ``rank`` and ``scan``: the prescanned chain's first two launches
+  alone (so the sort launch alone is ``sort`` less both), the scan with the 64-bin tiles it had before
+  ``SCAN_MIN_TILE_BINS``, and the chain with other rank chunks (``CHUNK_PAIRS``).
 
     python bench/bench_quant_bandwidth.py --out /tmp/quant_bandwidth.md  # its tables: docs/bench/moe_sort_quant_candidates_h200.md
 """
@@ -84,6 +86,24 @@ def quant_alone_us(x, math: int, qg: int) -> float:
                                                                num_warps=4 if qg <= 64 else 8)], 6)
 
 
+def chain_launches_us(row) -> tuple[float, float]:
+    """The prescanned chain's first two launches alone (``rank``: per-chunk histograms and ranks; ``scan``: their
+    prefix over chunks), each replayed on its own, with the buffers the product gives them: the sort launch's own
+    time is the product's ``sort`` less these two."""
+    ids, w, _ = row.sets[0]
+    kept: list = []
+    kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, zero_moe_buf=False, kept=kept)
+    plan = kept[0]
+    if plan.rank is None:
+        return float("nan"), float("nan")
+    hist, pre = (torch.empty(plan.n_chunks, plan.e_bins, dtype=torch.int32, device=ids.device) for _ in range(2))
+    tot = torch.empty(plan.tot_size, dtype=torch.int32, device=ids.device)
+    ranks = torch.empty(ids.numel(), dtype=torch.int32, device=ids.device)
+    rank = harness.graph_us([lambda: kernel._run(plan.rank, ids, ids, ids, hist, ranks)], row.calls)
+    scan = harness.graph_us([lambda: kernel._run(plan.scan, hist, pre, tot, ids)], row.calls)
+    return rank, scan
+
+
 def _product_shifted(job):
     """The product's time with its math replaced by the shift (a fresh process: Triton binds a kernel's
     callees at its first compile)."""
@@ -119,6 +139,9 @@ def main():
             times = {}
             for name, values, quant, zero in (("new", {}, True, True),
                                               ("integer", dict(FP4_CODES_BY_FLOAT=False), True, True),
+                                              ("scan tiles 64", dict(SCAN_MIN_TILE_BINS=64), True, True),
+                                              ("chunk 1024", dict(CHUNK_PAIRS=1024), True, True),
+                                              ("chunk 256", dict(CHUNK_PAIRS=256), True, True),
                                               ("sort+fill", {}, False, True), ("sort", {}, False, False),
                                               ("sort, no tile starts", dict(PRESCAN_TILE_STARTS=False), False, False),
                                               ("no fill", {}, True, False),
@@ -126,6 +149,9 @@ def main():
                 with constants(values):
                     fn = functools.partial(_call, row, quant, zero)
                     times[name] = graph_time_us(fn, row.calls)
+            times["rank"], times["scan"] = chain_launches_us(row)
+            with constants(dict(SCAN_MIN_TILE_BINS=64)):
+                times["scan, 64-bin tiles"] = chain_launches_us(row)[1]
             with ctx.Pool(1) as pool:
                 times["shift math"] = pool.apply(_product_shifted, ((M, E, K, N),))
             floor = row.byte_floor_us(bw)

@@ -73,7 +73,7 @@ a time after it.
 
 Everything is integer arithmetic on fp32 bit patterns, or float operations whose results are exact
 under round-to-nearest-even whatever the flush mode (products by powers of two, a max, an add that rounds to an
-integer: ``FP4_CODES_BY_FLOAT``), so results are bit-exact on NVIDIA, AMD and the Triton
+integer: ``FP4_CODES_BY_FLOAT``, ``FP8_CODES_BY_FLOAT``), so results are bit-exact on NVIDIA, AMD and the Triton
 interpreter. The launch path never syncs: no ``.item()``, only
 ``torch.empty`` allocations, so it can be captured in a CUDA graph.
 
@@ -160,14 +160,22 @@ QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups 
 # a thread, gfx942/gfx950 VALU 173 -> 114). The H200's prefill quant is bound by them: alone, 1.2-1.4 TB/s
 # with the integer rounding, 2.2-2.6 with this, 3.8-4.4 with no math (docs/bench/moe_sort_quant_candidates_h200.md)
 FP4_CODES_BY_FLOAT = True
-# Prefill (prescanned) without a quant: the scan launch also writes per-tile segment starts (tiles of 64 expert
-# bins), so that every program of the sort launch sums the tiles' counts (up to 64 values) instead of reading
+# The same for the e4m3 formats (MXFP8): ``rint(v * 2^(3 - e)) + 8 (e - EMIN)``, e = max(floor(log2 v), EMIN)
+FP8_CODES_BY_FLOAT = True
+# Prefill (prescanned) without a quant: the scan launch also writes per-tile segment starts (its tiles of expert
+# bins, below), so that every program of the sort launch sums the tiles' counts (up to 64 values) instead of reading
 # and summing every expert bin's. H200, same run (docs/bench/moe_sort_quant_candidates_h200.md): the sort
 # alone 10-18% faster at 32768 tokens (72.0 -> 57.7 µs (256, 8), 140.7 -> 115.4 (896, 16)), 1-9% at 8192; with the quant
 # in the same launch no faster anywhere and 5-10% slower at (896, 16) and (128, 8), so there it is not taken.
-# Off until its bits are compared on a GPU (test_gpu_prefill_sort_only_tile_starts; only the interpreter's
-# tests and a memcheck run have run it so far)
-PRESCAN_TILE_STARTS = False
+# Its bits on the H200: test_gpu_prefill_sort_only_tile_starts (1 to 64 tiles, masks, local tokens)
+PRESCAN_TILE_STARTS = True
+# The scan launch's tiles: each program owns max(SCAN_MIN_TILE_BINS, E_BINS / 64) expert bins (a tile of the
+# tables above) and walks the chunks SCAN_TILE_ELEMS / bins at a time, a serial chain of dependent steps. H200
+# (docs/bench/moe_sort_quant_candidates_h200.md): with 64-bin tiles, 64 chunks a step, the scan alone took 7.7
+# and 23.4 µs at (896, 16) 8192 and 32768 tokens (256 and 1024 chunks: 4 and 16 steps), for 2 MB and 8 MB of tables;
+# with these, 3.7 and 8.9 (4x fewer steps from 32 to 1024 bins, 2x at 2048)
+SCAN_MIN_TILE_BINS = 16
+SCAN_TILE_ELEMS = 4096
 # Token-count buckets: every constexpr the launch derives from the batch comes from the ceiling of
 # the token count's bucket (``_batch_params``), so one model configuration compiles a fixed few
 # variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
@@ -267,11 +275,12 @@ def _mx_quant_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr
                      BY_FLOAT: tl.constexpr):
     """:func:`_mx_quant_row` of loaded groups ``x`` (``[G_PAD, 32]``, as stored).
 
-    ``BY_FLOAT`` (e2m1 only, ``FP4_CODES_BY_FLOAT``): the e2m1 code by float arithmetic on the scaled
-    magnitude ``v = |x| / 2^(s - 127)`` (exact): ``rint(v * 2^(1 - t)) + 2t`` for its binade ``t`` (below 2,
-    below 4, from 4), the rint by adding ``1.5 * 2^23``, and the group maximum by a float max (which
-    skips NaN). About half the operations per element of the general integer rounding below, which the
-    H200 was bound by in prefill (docs/bench/moe_sort_quant_candidates_h200.md)."""
+    ``BY_FLOAT`` (``FP4_CODES_BY_FLOAT``, ``FP8_CODES_BY_FLOAT``): the code by float arithmetic on the scaled
+    magnitude ``v = |x| / 2^(s - 127)`` (exact): ``rint(v * 2^(MB - e)) + 2^MB (e - EMIN)`` for its binade
+    ``e = max(floor(log2 v), EMIN)``, the rint by adding ``1.5 * 2^23`` (and the even ``2^MB (e - EMIN)`` in the
+    same add: ties still go to even), and the group maximum by a float max (which skips NaN). About half the
+    operations per element of the general integer rounding below, which the H200 was bound by in prefill
+    (docs/bench/moe_sort_quant_candidates_h200.md)."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     abits = bits & 0x7FFFFFFF
     if BY_FLOAT:  # a float max skips NaN (maxnum) in one operation; a group of NaN only has no amax
@@ -293,12 +302,26 @@ def _mx_quant_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr
         # be normal rounds to code 0 whether or not it is flushed). An Inf scale: factor 0, finite -> +-0.
         f = (tl.maximum(254 - s, 0) << 23).to(tl.float32, bitcast=True)
         v = abits.to(tl.float32, bitcast=True) * f[:, None]
-        # code = rint(v * 2^(1 - t)) + 2t, t = 0 below 2, 1 below 4, 2 from 4 (v <= 6 for a finite element), the
-        # rint and the + 2t by adding 1.5 * 2^23 + 2t (exact: v * 2^(1 - t) < 4), the code in the low 3 bits
-        t = tl.maximum((v.to(tl.int32, bitcast=True) >> 23) - 127, 0)
-        y = v * (0x40000000 - (t << 23)).to(tl.float32, bitcast=True) + (0x4B400000 + 2 * t).to(tl.float32, bitcast=True)
-        code = tl.where(abits >= 0x7F800000, MAXC, y.to(tl.int32, bitcast=True) & 7)  # NaN, +-Inf: saturate
-        code = code | (sign << SIGN_SHIFT)  # e2m1: sign kept, no NaN code
+        nonfinite_x = abits >= 0x7F800000  # NaN, +-Inf (v is NaN for them under an Inf scale: replaced below)
+        if MB == 1:  # e2m1
+            # code = rint(v * 2^(1 - t)) + 2t, t = 0 below 2, 1 below 4, 2 from 4 (v <= 6 for a finite element, as below),
+            # the rint and the + 2t by adding 1.5 * 2^23 + 2t (exact: v * 2^(1 - t) < 4), the code in the low 3 bits
+            t = tl.maximum((v.to(tl.int32, bitcast=True) >> 23) - 127, 0)
+            y = v * (0x40000000 - (t << 23)).to(tl.float32, bitcast=True) + (0x4B400000 + 2 * t).to(tl.float32, bitcast=True)
+            code = tl.where(nonfinite_x, MAXC, y.to(tl.int32, bitcast=True) & 7)  # NaN, +-Inf: saturate
+            code = code | (sign << SIGN_SHIFT)  # e2m1: sign kept, no NaN code
+        else:  # e4m3: eb = biased max(e, EMIN); v * 2^(MB - e) < 2^(MB + 1), so y < 2^24 and the code is exact
+            eb = tl.maximum(v.to(tl.int32, bitcast=True) >> 23, 127 + EMIN)
+            y = (v * ((254 + MB - eb) << 23).to(tl.float32, bitcast=True)
+                 + ((eb << MB) + (0x4B400000 - ((127 + EMIN) << MB))).to(tl.float32, bitcast=True))
+            # no min(MAXC): v <= max_pos for every finite bf16/fp16 group (test_scaled_group_max_is_at_most_max_pos)
+            code = tl.where(nonfinite_x, MAXC, y.to(tl.int32, bitcast=True) & 0x3FFFFF)
+            if SIGNED_ZERO:
+                code = code | (sign << SIGN_SHIFT)
+            else:
+                code = tl.where(code == 0, code, code | (sign << SIGN_SHIFT))
+            if NANC >= 0:
+                code = tl.where(nonfinite_x, NANC, code)
     else:
         biased = (abits >> 23) & 0xFF
         mant = abits & 0x7FFFFF
@@ -1065,7 +1088,7 @@ def _tunables() -> tuple:
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             ROLES_MAX_PAIRS, ROLES_PRESCANNED, ROUTE_SPLIT_DIV, DATA_MAX_GROUPS,
-            SCALE_TILE_BYTES, QUANT_GROUPS, FP4_CODES_BY_FLOAT, PRESCAN_TILE_STARTS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
+            SCALE_TILE_BYTES, QUANT_GROUPS, FP4_CODES_BY_FLOAT, FP8_CODES_BY_FLOAT, PRESCAN_TILE_STARTS, SCAN_MIN_TILE_BINS, SCAN_TILE_ELEMS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
 
 class _SortPlan(NamedTuple):
@@ -1153,7 +1176,7 @@ def _make_plan(key: tuple) -> _SortPlan:
     prescanned = _prescanned(M, K)
     chunk_t, n_chunks = 1, 0
     rank = scan = tiles = None
-    e_tile = min(e_bins, 64)
+    e_tile = min(e_bins, max(SCAN_MIN_TILE_BINS, e_bins // 64))
     n_tiles = e_bins // e_tile
     tile_starts = prescanned and PRESCAN_TILE_STARTS and not quant
     if prescanned:
@@ -1164,7 +1187,7 @@ def _make_plan(key: tuple) -> _SortPlan:
             K=K, E_BINS=e_bins, CHUNK_T=chunk_t, PC=pc, PC_BITS=pc.bit_length() - 1,
             HAS_MASK=has_mask, HAS_NLT=has_nlt, num_warps=4 if pc <= 1024 else 8))
         scan = Prepared(_chunk_scan_kernel, (n_tiles,), _SCAN_TENSORS, (None,) * 4 + (n_chunks, num_experts, block_size),
-                        dict(E_BINS=e_bins, E_TILE=e_tile, C_TILE=64, N_TILES=n_tiles, TILE_STARTS=tile_starts,
+                        dict(E_BINS=e_bins, E_TILE=e_tile, C_TILE=max(SCAN_TILE_ELEMS // e_tile, 1), N_TILES=n_tiles, TILE_STARTS=tile_starts,
                              HAS_MASK=has_mask))
 
     compact_scales = prescanned and quant and not fused
@@ -1179,7 +1202,7 @@ def _make_plan(key: tuple) -> _SortPlan:
     sort = Prepared(_sort_quant_kernel, (max(M, 1), split), sort_at, args, dict(
         K=K, K_PAD=k_pad, BLOCK=block_size, PAD_STEP=PAD_STEP, E_BINS=e_bins, **batch,
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
-        QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS, BY_FLOAT=fmt["FP4"] and FP4_CODES_BY_FLOAT,
+        QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS, BY_FLOAT=FP4_CODES_BY_FLOAT if fmt["FP4"] else FP8_CODES_BY_FLOAT,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=_round_up(_cdiv(model_dim, fill_split), 16),

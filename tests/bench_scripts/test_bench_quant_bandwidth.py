@@ -6,6 +6,7 @@ import torch
 
 from aiter_patches.kernels import moe_sort_mx_quant as k
 from aiter_patches.reference.mx_quant import mx_quant_rows
+from bench import bench_moe_sort_quant
 from bench import bench_quant_bandwidth as b
 
 
@@ -23,3 +24,21 @@ def test_quant_alone_kernel_is_the_products_math(math, same):
     rq, rs = mx_quant_rows(x, b.FP4)
     got = torch.equal(q, rq.view(torch.uint8).reshape(M, -1)) and torch.equal(s, rs.view(torch.uint8).reshape(M, -1))
     assert got == same
+
+
+@pytest.mark.slow_ci
+def test_chain_launches_run_the_plans_rank_and_scan(monkeypatch):
+    """The per-launch breakdown replays the product's own rank and scan launches (here once each, on the
+    interpreter): their tables are the ones the product's sort launch reads."""
+    ran = []
+
+    def once(calls, n_calls):
+        calls[0]()
+        ran.append(n_calls)
+        return 1.0
+
+    monkeypatch.setattr(b.harness, "graph_us", once)
+    monkeypatch.setattr(bench_moe_sort_quant, "DEV", "cpu")
+    row = b.Row(300, 16, 8, 64)  # 2400 pairs: the prescanned chain
+    assert b.chain_launches_us(row) == (1.0, 1.0) and len(ran) == 2
+    assert b.chain_launches_us(b.Row(4, 16, 8, 64)) != b.chain_launches_us(b.Row(4, 16, 8, 64))  # one launch: NaN

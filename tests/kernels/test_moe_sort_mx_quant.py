@@ -12,7 +12,8 @@ import torch
 
 import aiter_patches.kernels.moe_sort_mx_quant as k
 from aiter_patches.reference.moe_sorting import defined_sort_region, moe_sorting_reference
-from aiter_patches.reference.mx_quant import mx_quant_moe_sort_reference, mx_scale_swizzle_index, stage1_uses_fused_quant
+from aiter_patches.aiter_contract import mx_format
+from aiter_patches.reference.mx_quant import e8m0_scale_bytes, mx_quant_moe_sort_reference, mx_scale_swizzle_index, stage1_uses_fused_quant
 
 FP4, FP8, FP8NUZ = torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m3fnuz
 HAS_GPU = torch.cuda.is_available()
@@ -215,6 +216,7 @@ def test_caller_moe_buf_filled():
 def test_multi_launch_path(monkeypatch):
     monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
     monkeypatch.setattr(k, "CHUNK_PAIRS", 16)
+    monkeypatch.setattr(k, "SCAN_TILE_ELEMS", 32)  # the scan walks the chunks 2 at a time: its running sums carry
     run(23, 4, 8, 16, qd=FP4)
     run(23, 4, 64, 32, qd=FP8, kind="bad", mask=(torch.arange(64, device=DEV) % 3 != 0).to(torch.int32),
         nlt=torch.tensor([19], dtype=torch.int32, device=DEV), semantics="fused")
@@ -225,7 +227,7 @@ def test_multi_launch_path(monkeypatch):
     run(17, 8, 8, 64, N=224, qd=FP8NUZ, kind="skewed", xkind="special", semantics="split")
     # duplicates within tokens and across chunk edges; topk 11 leaves 5 dead slots in each sorted chunk
     run(29, 11, 16, 16, qd=None, kind="skewed")
-    # more than one 64-bin tile of experts: without a quant, segment starts and local ids summed over the scan's
+    # more than one 16-bin tile of experts: without a quant, segment starts and local ids summed over the scan's
     # tiles (PRESCAN_TILE_STARTS); with one, over every bin
     monkeypatch.setattr(k, "PRESCAN_TILE_STARTS", True)
     mask200 = (torch.arange(200, device=DEV) % 3 != 0).to(torch.int32)
@@ -576,11 +578,12 @@ def test_gpu_largest_prefill(K, E, B, N, qd):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("M,K,E,B,mask_every", [(4099, 1, 8, 16, 0), (8192, 8, 256, 32, 3), (4096, 16, 896, 64, 0),
-                                                (3000, 8, 2048, 128, 5)])
+                                                (3000, 8, 2048, 128, 5), (20000, 16, 896, 32, 7)])
 def test_gpu_prefill_sort_only_tile_starts(monkeypatch, M, K, E, B, mask_every):
-    """Prescanned launches without a quant with the scan's per-tile segment starts (PRESCAN_TILE_STARTS):
-    one tile (8 experts) to 64 (2048), with and without an expert mask and local tokens."""
-    monkeypatch.setattr(k, "PRESCAN_TILE_STARTS", True)
+    """Prescanned launches without a quant with the scan's per-tile segment starts (PRESCAN_TILE_STARTS, what
+    ships): one tile (8 experts) to 64 (2048), with and without an expert mask and local tokens; 625 chunks
+    (20000 tokens, topk 16): the scan walks them in 3 steps."""
+    monkeypatch.setattr(k, "PRESCAN_TILE_STARTS", True)  # the bits of the tile tables, whatever the default
     mask = (torch.arange(E, device=DEV) % mask_every != 0).to(torch.int32) if mask_every else None
     nlt = torch.tensor([M - 7], dtype=torch.int32, device=DEV) if mask_every else None
     run(M, K, E, B, 2048, qd=None, mask=mask, nlt=nlt, kind="bad" if mask_every else "uniform", seed=M)
@@ -680,17 +683,22 @@ def test_split_scales_never_read_past_the_compact_rows(monkeypatch):
             assert scales[mx_scale_swizzle_index(r, grp, snp)] != 0xAB, f"padding row {r} read past the compact rows"
 
 
-def _fp4_rounding_rows() -> torch.Tensor:
-    """Rows of 32-groups that put every bf16 magnitude a group's scale can round to a nonzero e2m1
-    code under that scale: per level (amax = m * 2^e, from the amax floor to the largest finite
+# the span below a group's amax where a bf16 magnitude can still round to a nonzero code: e2m1 rounds to one
+# from 0.25 up against a max of 6 (2^-7 kept), e4m3 from 2^-10 (fn) or 2^-11 (fnuz) against 448 or 240
+_ROUNDING_SPAN = {FP4: 2.0 ** -7, FP8: 2.0 ** -19, FP8NUZ: 2.0 ** -19}
+
+
+def _rounding_rows(qd) -> torch.Tensor:
+    """Rows of 32-groups that put every bf16 magnitude a group's scale can round to a nonzero code of
+    ``qd`` under that scale: per level (amax = m * 2^e, from the amax floor to the largest finite
     bf16), element 0 sets the amax and the rest sweep every bf16 pattern of either sign in
-    [amax / 128, amax], so each (pattern, scale) pair whose code is not 0 is met once."""
+    [amax * span, amax], so each (pattern, scale) pair whose code is not 0 is met once."""
     mags = torch.arange(0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()  # 0..max finite
     groups = []
     for e in (-33, -20, -5, -1, 0, 1, 2, 3, 10, 60, 120, 125, 126, 127):
-        for m in (1.0, 1.0078125, 1.5, 1.9921875):
+        for m in (1.0, 1.0078125, 1.5, 1.75, 1.875, 1.9921875):  # 1.75, 1.875: e4m3's largest codes and their ties
             amax = m * 2.0 ** e
-            vals = mags[(mags <= amax) & (mags >= amax / 128)]
+            vals = mags[(mags <= amax) & (mags >= amax * _ROUNDING_SPAN[qd])]
             vals = torch.cat([vals, -vals])
             vals = torch.cat([vals, vals.new_zeros((-len(vals)) % 31)]).reshape(-1, 31)
             groups.append(torch.cat([torch.full((len(vals), 1), amax), vals], dim=1))
@@ -699,33 +707,56 @@ def _fp4_rounding_rows() -> torch.Tensor:
     return g.reshape(-1, 1024 * 32).to(torch.bfloat16)
 
 
+@pytest.mark.parametrize("qd", [FP4, FP8, FP8NUZ])
+@pytest.mark.parametrize("src", [torch.bfloat16, torch.float16])
+def test_scaled_group_max_is_at_most_max_pos(qd, src):
+    """The float rounding saturates by no min (e2m1 keeps the low 3 bits, e4m3 the low 22): for every
+    finite amax an input dtype can hold, the group's largest magnitude under its scale is at most the
+    format's max_pos. A scale one binade too small (the e8m0 round-up missed) fails here."""
+    amax = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(src).float().abs()
+    amax = amax[torch.isfinite(amax)]
+    s = e8m0_scale_bytes(torch.cat([amax[:, None], amax.new_zeros(len(amax), 31)], dim=1), mx_format(qd))
+    v = amax.double() * torch.pow(2.0, (127 - s).double())
+    assert float(v.max()) == {FP4: 6.0, FP8: 448.0, FP8NUZ: 240.0}[qd]
+
+
 @pytest.mark.parametrize("semantics", ["fused", pytest.param("split", marks=SLOW_CI)])
 def test_fp4_rounding_every_pattern_and_scale(semantics):
     """The kernel's e2m1 rounding against the reference's, for every bf16 magnitude under every
     scale that rounds it to a nonzero code, both signs (data bytes and scale bytes, bit for bit; on
     the GPU, the compiled rounding): the float rounding (``FP4_CODES_BY_FLOAT``, what ships)."""
-    _fp4_rounding_case(semantics)
+    _rounding_case(FP4, semantics)
+
+
+@pytest.mark.parametrize("qd", [FP8, pytest.param(FP8NUZ, marks=SLOW_CI)])
+def test_fp8_rounding_every_pattern_and_scale(qd):
+    """The same for e4m3fn and e4m3fnuz (``FP8_CODES_BY_FLOAT``, what ships): subnormal codes, the largest
+    codes (0x7E, 0x7F) and their ties, ties to even in every binade, fnuz's unsigned zero."""
+    _rounding_case(qd, "fused")
 
 
 @SLOW_CI
-def test_fp4_integer_rounding_every_pattern_and_scale(monkeypatch):
-    """The general integer rounding (``FP4_CODES_BY_FLOAT`` off) stays exact for e2m1 too."""
+@pytest.mark.parametrize("qd", [FP4, FP8])
+def test_integer_rounding_every_pattern_and_scale(monkeypatch, qd):
+    """The general integer rounding (``FP4_CODES_BY_FLOAT``, ``FP8_CODES_BY_FLOAT`` off) stays exact."""
     monkeypatch.setattr(k, "FP4_CODES_BY_FLOAT", False)
-    _fp4_rounding_case("fused")
+    monkeypatch.setattr(k, "FP8_CODES_BY_FLOAT", False)
+    _rounding_case(qd, "fused")
 
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("semantics", ["fused", "split"])
-def test_gpu_fp4_rounding_every_pattern_and_scale(semantics):
+@pytest.mark.parametrize("qd,semantics", [(FP4, "fused"), (FP4, "split"), (FP8, "fused"), (FP8, "split"),
+                                          (FP8NUZ, "fused")])
+def test_gpu_rounding_every_pattern_and_scale(qd, semantics):
     """The same on the GPU (``-m gpu`` runs only marked tests): the compiled rounding."""
-    _fp4_rounding_case(semantics)
+    _rounding_case(qd, semantics)
 
 
-def _fp4_rounding_case(semantics):
-    x = _fp4_rounding_rows().to(DEV)
+def _rounding_case(qd, semantics):
+    x = _rounding_rows(qd).to(DEV)
     M = x.shape[0]
     ids, w = routing(M, 1, 4)
-    res = k.moe_sort_mx_quant(ids, w, 4, x.shape[1], torch.bfloat16, 32, quant_input=x, quant_dtype=FP4,
+    res = k.moe_sort_mx_quant(ids, w, 4, x.shape[1], torch.bfloat16, 32, quant_input=x, quant_dtype=qd,
                               quant_semantics=semantics)
-    check(res, ids, w, 4, 32, x=x, qd=FP4, semantics=semantics)
+    check(res, ids, w, 4, 32, x=x, qd=qd, semantics=semantics)
