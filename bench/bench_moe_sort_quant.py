@@ -117,8 +117,6 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "split256": dict(ROW_SPLIT_PROGRAMS=256),
     "split64": dict(ROW_SPLIT_PROGRAMS=64),
     "w8": dict(DECODE_NUM_WARPS=8),
-    # issue 34: codes by the general integer rounding (the code before FP4_CODES_BY_FLOAT, FP8_CODES_BY_FLOAT)
-    "integer": dict(FP4_CODES_BY_FLOAT=False, FP8_CODES_BY_FLOAT=False),
 }
 CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k,prev"
 
@@ -172,8 +170,7 @@ class Row:
         M, K, E, N = self.M, self.K, self.E, self.N
         g_pad = kernel._next_pow2(N // 32) if quant else 1
         batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
-        return (kernel.decode_path(M, K, E), quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH,
-                kernel.FP4_CODES_BY_FLOAT, kernel.FP8_CODES_BY_FLOAT)
+        return (kernel.decode_path(M, K, E), quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH)
 
     def pairs_pad(self) -> int:
         """The decode methods' padded pair count for this row (0 on the other paths)."""
@@ -478,8 +475,8 @@ def main():
         f"{kernel.DECODE_SORT_SELECT}, DECODE_NUM_WARPS {kernel.DECODE_NUM_WARPS}, TOKEN_BUCKETS "
         f"{kernel.TOKEN_BUCKETS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}, DEFER_QUANT_MATH "
         f"{kernel.DEFER_QUANT_MATH}, QUANT_ONE_STEP_GROUPS {kernel.QUANT_ONE_STEP_GROUPS}, QUANT_GROUPS "
-        f"{kernel.QUANT_GROUPS}, ROLES_MAX_PAIRS {kernel.ROLES_MAX_PAIRS}, FP4_CODES_BY_FLOAT "
-        f"{kernel.FP4_CODES_BY_FLOAT}, FP8_CODES_BY_FLOAT {kernel.FP8_CODES_BY_FLOAT}, PRESCAN_TILE_STARTS {kernel.PRESCAN_TILE_STARTS}. -->",
+        f"{kernel.QUANT_GROUPS}, ROLES_MAX_PAIRS {kernel.ROLES_MAX_PAIRS}, PRESCAN_TILE_STARTS "
+        f"{kernel.PRESCAN_TILE_STARTS}, RANK_FROM_RUNS {kernel.RANK_FROM_RUNS}, HIST_FROM_RUNS {kernel.HIST_FROM_RUNS}. -->",
         "",
         f"# MoE sort + zero + MXFP4 quant on {harness.gpu_name()}",
         "",

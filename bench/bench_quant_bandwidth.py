@@ -5,17 +5,19 @@ row. This script takes the quant apart on the GPU, CUDA-graph replay, same run:
 
 * ``quant alone``: a kernel that does nothing but the quant of ``[M, N]`` bf16 rows into e2m1 codes and
   compact scale rows (the product's ``_mx_quant_groups``), one program per ``QG`` groups of a row;
-  ``math``: ``integer`` (the general rounding), ``float`` (``FP4_CODES_BY_FLOAT``), ``none`` (the
-  same loads and stores, the math replaced by a shift: the memory floor of this access pattern).
+  ``math``: ``float`` (the product's rounding), ``none`` (the same loads and stores, the math replaced by a
+  shift: the memory floor of this access pattern).
   ``GB/s``: activations in, codes and scale bytes out, over the time.
 * ``product``: the whole sort + fill + quant of :mod:`aiter_patches.kernels.moe_sort_mx_quant` as
-  configured, with the integer rounding, without quant (sort + fill), the sort alone, without the fill
-  (``zero_moe_buf=False``), with the math replaced by the shift (a fresh process; bits wrong), and with
-  the schedule constants of ``SCHEDULES``; ``rank`` and ``scan``: the prescanned chain's first two launches
-  alone (so the sort launch alone is ``sort`` less both), the scan with the 64-bin tiles it had before
-  ``SCAN_MIN_TILE_BINS``, and the chain with other rank chunks (``CHUNK_PAIRS``).
+  configured, without quant (sort + fill), the sort alone, without the fill (``zero_moe_buf=False``), with
+  the math replaced by the shift (a fresh process; bits wrong), and with the module constants of
+  ``CANDIDATES``; ``rank`` and ``scan``: the prescanned chain's first two launches alone (so the sort
+  launch alone is ``sort`` less both), and the rank launch with each candidate of ``RANK_CANDIDATES``.
 
     python bench/bench_quant_bandwidth.py --out /tmp/quant_bandwidth.md  # its tables: docs/bench/moe_sort_quant_candidates_h200.md
+
+The candidates of earlier rounds (the integer rounding, the scan's 64-bin tiles, other rank chunks, the
+schedules) are gone from here; their tables name the commit that ran them.
 """
 
 from __future__ import annotations
@@ -39,20 +41,20 @@ from bench.bench_moe_sort_quant import MODELS, Row, constants, graph_time_us  # 
 
 TOKENS = [8192, 32768]
 FP4 = torch.float4_e2m1fn_x2
-SCHEDULES = {  # module constants tried in the product (each: one variant of the prescanned launches)
-    "no tile starts": dict(PRESCAN_TILE_STARTS=False),
-    "groups-64": dict(QUANT_GROUPS=64),
-    "split-2": dict(MIN_ROW_SPLIT=2),
-    "roles": dict(ROLES_PRESCANNED=True),
+RANK_CANDIDATES = {  # the rank launch's ways (module constants), each timed alone and in the product
+    "rank by histogram": dict(RANK_FROM_RUNS=False, HIST_FROM_RUNS=False),
+    "rank by runs": dict(RANK_FROM_RUNS=True, HIST_FROM_RUNS=False),
+    "rank, histogram by runs": dict(RANK_FROM_RUNS=True, HIST_FROM_RUNS=True),
 }
-# tried in the first run and slower at every row (docs/bench/moe_sort_quant_candidates_h200.md, first run): QUANT_GROUPS 128
-# (with QUANT_ONE_STEP_GROUPS 128), MIN_ROW_SPLIT 4
+CANDIDATES = {f"with {name}": values for name, values in RANK_CANDIDATES.items()}
+# the chain (with both run-based ways) from 513 pairs instead of 2049: 9-64-token rows of many experts
+CANDIDATES["chain from 513 pairs"] = dict(ONE_LAUNCH_MAX_PAIRS=512, RANK_FROM_RUNS=True, HIST_FROM_RUNS=True)
 
 
 @triton.jit
 def _shift_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr, NANC: tl.constexpr,
                   SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr, INV_MAX_BITS: tl.constexpr,
-                  FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr, BY_FLOAT: tl.constexpr):
+                  FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr):
     """The memory floor's stand-in for ``_mx_quant_groups``: a scale from the group's largest bits, a code
     from each element's top bits (the same loads and stores, next to no math; bits wrong)."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
@@ -66,9 +68,9 @@ def _quant_alone_kernel(x_ptr, q_ptr, s_ptr, G, MATH: tl.constexpr, QG: tl.const
     g0 = tl.program_id(1) * QG
     x = kernel._load_groups(x_ptr + row * G * 32 + g0 * 32, G - g0, QG)
     if MATH == 0:
-        s, code = _shift_groups(x, 1, 0, 7, -1, True, 3, INV, FLOOR, QG, False)
+        s, code = _shift_groups(x, 1, 0, 7, -1, True, 3, INV, FLOOR, QG)
     else:
-        s, code = kernel._mx_quant_groups(x, 1, 0, 7, -1, True, 3, INV, FLOOR, QG, MATH == 2)
+        s, code = kernel._mx_quant_groups(x, 1, 0, 7, -1, True, 3, INV, FLOOR, QG)
     kernel._store_data_row(q_ptr + row * G * 16 + g0 * 16, code, G - g0, True, QG)
     g = g0 + tl.arange(0, QG)
     tl.store(s_ptr + row * G + g, s.to(tl.uint8), mask=g < G)
@@ -118,6 +120,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--models", default="all")
+    ap.add_argument("--no-alone", action="store_true", help="only the product table")
+    ap.add_argument("--no-shift", action="store_true", help="without the product's shift-math column")
     args = ap.parse_args()
     t0 = time.time()
     bw = harness.copy_bandwidth()
@@ -130,30 +134,26 @@ def main():
             row = Row(M, E, K, N)
             qbytes = row.quant_bytes()
             x = row.sets[0][2]
-            for qg in (32, 64, 128):
+            for qg in () if args.no_alone else (32, 64, 128):
                 cells = [E, K, N, M, qg]
-                for math in (0, 1, 2):
+                for math in (0, 1):
                     us = quant_alone_us(x, math, qg)
                     cells += [f"{us:.1f}", f"{qbytes / us / 1e3:.0f}"]
                 alone.append(cells)
             times = {}
-            for name, values, quant, zero in (("new", {}, True, True),
-                                              ("integer", dict(FP4_CODES_BY_FLOAT=False), True, True),
-                                              ("scan tiles 64", dict(SCAN_MIN_TILE_BINS=64), True, True),
-                                              ("chunk 1024", dict(CHUNK_PAIRS=1024), True, True),
-                                              ("chunk 256", dict(CHUNK_PAIRS=256), True, True),
-                                              ("sort+fill", {}, False, True), ("sort", {}, False, False),
-                                              ("sort, no tile starts", dict(PRESCAN_TILE_STARTS=False), False, False),
-                                              ("no fill", {}, True, False),
-                                              *((n, v, True, True) for n, v in SCHEDULES.items())):
+            for name, values, quant, zero in (("new", {}, True, True), ("sort+fill", {}, False, True),
+                                              ("sort", {}, False, False), ("no fill", {}, True, False),
+                                              *((n, v, True, True) for n, v in CANDIDATES.items())):
                 with constants(values):
                     fn = functools.partial(_call, row, quant, zero)
                     times[name] = graph_time_us(fn, row.calls)
             times["rank"], times["scan"] = chain_launches_us(row)
-            with constants(dict(SCAN_MIN_TILE_BINS=64)):
-                times["scan, 64-bin tiles"] = chain_launches_us(row)[1]
-            with ctx.Pool(1) as pool:
-                times["shift math"] = pool.apply(_product_shifted, ((M, E, K, N),))
+            for name, values in RANK_CANDIDATES.items():
+                with constants(values):
+                    times[name] = chain_launches_us(row)[0]
+            if not args.no_shift:
+                with ctx.Pool(1) as pool:
+                    times["shift math"] = pool.apply(_product_shifted, ((M, E, K, N),))
             floor = row.byte_floor_us(bw)
             product.append([E, K, N, M, f"{floor:.1f}"] + [f"{times[k]:.1f}" for k in times]
                            + [f"{times['new'] / floor:.2f}x",
@@ -163,8 +163,8 @@ def main():
              f"{triton.__version__}, {harness.gpu_name()}, {time.time() - t0:.0f} s -->", "",
              f"Copy bandwidth {bw / 1e9:.0f} GB/s (read + write counted).", "",
              "## The quant alone", "",
-             "| experts | topk | hidden | tokens | groups per program | none us | none GB/s | integer us | integer GB/s"
-             " | float us | float GB/s |", "|" + "---:|" * 11]
+             "| experts | topk | hidden | tokens | groups per program | none us | none GB/s | float us | float GB/s |",
+             "|" + "---:|" * 9]
     lines += ["| " + " | ".join(map(str, c)) + " |" for c in alone]
     lines += ["", "## The product", "", "| experts | topk | hidden | tokens | byte floor us | "
               + " | ".join(f"{h} us" for h in heads_p) + " | new / floor | quant GB/s |",

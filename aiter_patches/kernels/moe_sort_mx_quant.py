@@ -73,7 +73,7 @@ a time after it.
 
 Everything is integer arithmetic on fp32 bit patterns, or float operations whose results are exact
 under round-to-nearest-even whatever the flush mode (products by powers of two, a max, an add that rounds to an
-integer: ``FP4_CODES_BY_FLOAT``, ``FP8_CODES_BY_FLOAT``), so results are bit-exact on NVIDIA, AMD and the Triton
+integer: ``_mx_quant_groups``), so results are bit-exact on NVIDIA, AMD and the Triton
 interpreter. The launch path never syncs: no ``.item()``, only
 ``torch.empty`` allocations, so it can be captured in a CUDA graph.
 
@@ -154,14 +154,6 @@ DATA_MAX_GROUPS = 64
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
 SCALE_TILE_BYTES = 1024  # bytes of the swizzled scale layout a program writes per step
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
-# e2m1 codes by float arithmetic on the scaled magnitude (``_mx_quant_groups``), else by the general integer
-# rounding (e2m1 and e4m3). Same bits (tests/kernels/test_moe_sort_mx_quant.py: every bf16 magnitude under
-# every scale, special values); about half the operations per element (sm_90 SASS 376 -> 232 per 8 elements
-# a thread, gfx942/gfx950 VALU 173 -> 114). The H200's prefill quant is bound by them: alone, 1.2-1.4 TB/s
-# with the integer rounding, 2.2-2.6 with this, 3.8-4.4 with no math (docs/bench/moe_sort_quant_candidates_h200.md)
-FP4_CODES_BY_FLOAT = True
-# The same for the e4m3 formats (MXFP8): ``rint(v * 2^(3 - e)) + 8 (e - EMIN)``, e = max(floor(log2 v), EMIN)
-FP8_CODES_BY_FLOAT = True
 # Prefill (prescanned) without a quant: the scan launch also writes per-tile segment starts (its tiles of expert
 # bins, below), so that every program of the sort launch sums the tiles' counts (up to 64 values) instead of reading
 # and summing every expert bin's. H200, same run (docs/bench/moe_sort_quant_candidates_h200.md): the sort
@@ -176,6 +168,11 @@ PRESCAN_TILE_STARTS = True
 # with these, 3.7 and 8.9 (4x fewer steps from 32 to 1024 bins, 2x at 2048)
 SCAN_MIN_TILE_BINS = 16
 SCAN_TILE_ELEMS = 4096
+# The rank launch (candidates, issue 34): each pair's rank from the start of its expert's run in the chunk's sorted
+# keys instead of a cumsum and a gather over every expert bin (RANK_FROM_RUNS), and the chunk's histogram from the
+# runs' lengths instead of tl.histogram (HIST_FROM_RUNS)
+RANK_FROM_RUNS = False
+HIST_FROM_RUNS = False
 # Token-count buckets: every constexpr the launch derives from the batch comes from the ceiling of
 # the token count's bucket (``_batch_params``), so one model configuration compiles a fixed few
 # variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
@@ -254,11 +251,10 @@ def _expert_bins(ids_ptr, mask_ptr, p, n_pairs, E, E_BINS: tl.constexpr, HAS_MAS
 @triton.jit
 def _mx_quant_row(x_row_ptr, G, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr,
                   NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
-                  INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr,
-                  BY_FLOAT: tl.constexpr):
+                  INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr):
     """Scale bytes ``[G_PAD]`` and element codes ``[G_PAD, 32]`` (int32, sign included)."""
     return _mx_quant_groups(_load_groups(x_row_ptr, G, G_PAD), MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT,
-                            INV_MAX_BITS, FLOOR_BITS, G_PAD, BY_FLOAT)
+                            INV_MAX_BITS, FLOOR_BITS, G_PAD)
 
 
 @triton.jit
@@ -271,23 +267,19 @@ def _load_groups(x_row_ptr, G, G_PAD: tl.constexpr):
 @triton.jit
 def _mx_quant_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr,
                      NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
-                     INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr,
-                     BY_FLOAT: tl.constexpr):
+                     INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, G_PAD: tl.constexpr):
     """:func:`_mx_quant_row` of loaded groups ``x`` (``[G_PAD, 32]``, as stored).
 
-    ``BY_FLOAT`` (``FP4_CODES_BY_FLOAT``, ``FP8_CODES_BY_FLOAT``): the code by float arithmetic on the scaled
-    magnitude ``v = |x| / 2^(s - 127)`` (exact): ``rint(v * 2^(MB - e)) + 2^MB (e - EMIN)`` for its binade
-    ``e = max(floor(log2 v), EMIN)``, the rint by adding ``1.5 * 2^23`` (and the even ``2^MB (e - EMIN)`` in the
-    same add: ties still go to even), and the group maximum by a float max (which skips NaN). About half the
-    operations per element of the general integer rounding below, which the H200 was bound by in prefill
-    (docs/bench/moe_sort_quant_candidates_h200.md)."""
+    The group maximum by a float max (which skips NaN, as AITER's ``fmaxf``); each code by float arithmetic on
+    the scaled magnitude ``v = |x| / 2^(s - 127)`` (exact): ``rint(v * 2^(MB - e)) + 2^MB (e - EMIN)`` for its
+    binade ``e = max(floor(log2 v), EMIN)``, the rint by adding ``1.5 * 2^23`` (and the even ``2^MB (e - EMIN)``
+    in the same add: ties still go to even), e2m1 and e4m3 alike. About half the operations per element of the
+    integer shift-and-round it replaced, which the H200 was bound by in prefill (1.2-1.4 TB/s against 2.2-2.6:
+    docs/bench/moe_sort_quant_candidates_h200.md)."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     abits = bits & 0x7FFFFFFF
-    if BY_FLOAT:  # a float max skips NaN (maxnum) in one operation; a group of NaN only has no amax
-        amax_bits = tl.max(abits.to(tl.float32, bitcast=True), axis=1).to(tl.int32, bitcast=True)
-        amax_bits = tl.where(amax_bits > 0x7F800000, 0, amax_bits)
-    else:
-        amax_bits = tl.max(tl.where(abits > 0x7F800000, 0, abits), axis=1)  # NaN skipped, as AITER's fmaxf
+    amax_bits = tl.max(abits.to(tl.float32, bitcast=True), axis=1).to(tl.int32, bitcast=True)
+    amax_bits = tl.where(amax_bits > 0x7F800000, 0, amax_bits)  # a group of NaN only has no amax
     nonfinite = amax_bits >= 0x7F800000
     amax = tl.maximum(amax_bits, FLOOR_BITS).to(tl.float32, bitcast=True)
     inv = tl.full([G_PAD], INV_MAX_BITS, tl.int32).to(tl.float32, bitcast=True)
@@ -296,52 +288,23 @@ def _mx_quant_groups(x, MB: tl.constexpr, EMIN: tl.constexpr, MAXC: tl.constexpr
     s = tl.where(((u & 0x7FFFFF) != 0) & (s < 0xFF), s + 1, s)
     s = tl.where(nonfinite, 0xFF, s)
 
-    sign = (bits >> 31) & 1
-    if BY_FLOAT:
-        # v = |x| / 2^(s - 127): exact (a power-of-two factor, normal for every finite scale; a v too small to
-        # be normal rounds to code 0 whether or not it is flushed). An Inf scale: factor 0, finite -> +-0.
-        f = (tl.maximum(254 - s, 0) << 23).to(tl.float32, bitcast=True)
-        v = abits.to(tl.float32, bitcast=True) * f[:, None]
-        nonfinite_x = abits >= 0x7F800000  # NaN, +-Inf (v is NaN for them under an Inf scale: replaced below)
-        if MB == 1:  # e2m1
-            # code = rint(v * 2^(1 - t)) + 2t, t = 0 below 2, 1 below 4, 2 from 4 (v <= 6 for a finite element, as below),
-            # the rint and the + 2t by adding 1.5 * 2^23 + 2t (exact: v * 2^(1 - t) < 4), the code in the low 3 bits
-            t = tl.maximum((v.to(tl.int32, bitcast=True) >> 23) - 127, 0)
-            y = v * (0x40000000 - (t << 23)).to(tl.float32, bitcast=True) + (0x4B400000 + 2 * t).to(tl.float32, bitcast=True)
-            code = tl.where(nonfinite_x, MAXC, y.to(tl.int32, bitcast=True) & 7)  # NaN, +-Inf: saturate
-            code = code | (sign << SIGN_SHIFT)  # e2m1: sign kept, no NaN code
-        else:  # e4m3: eb = biased max(e, EMIN); v * 2^(MB - e) < 2^(MB + 1), so y < 2^24 and the code is exact
-            eb = tl.maximum(v.to(tl.int32, bitcast=True) >> 23, 127 + EMIN)
-            y = (v * ((254 + MB - eb) << 23).to(tl.float32, bitcast=True)
-                 + ((eb << MB) + (0x4B400000 - ((127 + EMIN) << MB))).to(tl.float32, bitcast=True))
-            # no min(MAXC): v <= max_pos for every finite bf16/fp16 group (test_scaled_group_max_is_at_most_max_pos)
-            code = tl.where(nonfinite_x, MAXC, y.to(tl.int32, bitcast=True) & 0x3FFFFF)
-            if SIGNED_ZERO:
-                code = code | (sign << SIGN_SHIFT)
-            else:
-                code = tl.where(code == 0, code, code | (sign << SIGN_SHIFT))
-            if NANC >= 0:
-                code = tl.where(nonfinite_x, NANC, code)
+    # v = |x| / 2^(s - 127): exact (a power-of-two factor, normal for every finite scale; a v too small to be
+    # normal rounds to code 0 whether or not it is flushed). An Inf scale: factor 0, finite -> +-0.
+    f = (tl.maximum(254 - s, 0) << 23).to(tl.float32, bitcast=True)
+    v = abits.to(tl.float32, bitcast=True) * f[:, None]
+    nonfinite_x = abits >= 0x7F800000  # NaN, +-Inf (v is NaN for them under an Inf scale: replaced below)
+    # eb: the biased max(e, EMIN); v * 2^(MB - e) < 2^(MB + 1), so y < 2^24 and the code in its low bits is exact
+    eb = tl.maximum(v.to(tl.int32, bitcast=True) >> 23, 127 + EMIN)
+    y = (v * ((254 + MB - eb) << 23).to(tl.float32, bitcast=True)
+         + ((eb << MB) + (0x4B400000 - ((127 + EMIN) << MB))).to(tl.float32, bitcast=True))
+    # no min(MAXC): v <= max_pos for every finite bf16/fp16 group (test_scaled_group_max_is_at_most_max_pos)
+    code = tl.where(nonfinite_x, MAXC, y.to(tl.int32, bitcast=True) & 0x3FFFFF)  # NaN, +-Inf: saturate
+    if SIGNED_ZERO:
+        code = code | (((bits >> 31) & 1) << SIGN_SHIFT)
     else:
-        biased = (abits >> 23) & 0xFF
-        mant = abits & 0x7FFFFF
-        sig = tl.where(biased > 0, mant | 0x800000, mant)
-        exp_q = tl.maximum(biased, 1) - s[:, None]
-        shift = tl.minimum(tl.maximum(exp_q, EMIN) - MB - exp_q + 23, 30)
-        n = sig >> shift
-        rem = sig & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        n = n + ((rem > half) | ((rem == half) & ((n & 1) == 1))).to(tl.int32)
-        code = tl.where(exp_q >= EMIN, ((exp_q - EMIN + 1) << MB) + n - (1 << MB), n)
-        code = tl.minimum(code, MAXC)
-        code = tl.where(biased == 0xFF, MAXC, code)
-        code = tl.where((s[:, None] == 0xFF) & (biased != 0xFF), 0, code)  # an Inf scale: finite -> +-0
-        if SIGNED_ZERO:
-            code = code | (sign << SIGN_SHIFT)
-        else:
-            code = tl.where(code == 0, code, code | (sign << SIGN_SHIFT))
-        if NANC >= 0:
-            code = tl.where(biased == 0xFF, NANC, code)  # NaN, and +-Inf (times the Inf scale's 1/Inf = 0)
+        code = tl.where(code == 0, code, code | (((bits >> 31) & 1) << SIGN_SHIFT))
+    if NANC >= 0:
+        code = tl.where(nonfinite_x, NANC, code)  # NaN, and +-Inf (times the Inf scale's 1/Inf = 0)
     return s, code
 
 
@@ -404,7 +367,7 @@ def _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_row, buf_ptr, init_
                   NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
                   INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, FUSED: tl.constexpr,
                   BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, G_DTILE: tl.constexpr, QG_D: tl.constexpr,
-                  COMPACT_SCALES: tl.constexpr, BY_FLOAT: tl.constexpr):
+                  COMPACT_SCALES: tl.constexpr):
     """A data program (``ROUTE_PROGRAMS`` > 0): slice ``cd`` of row ``t``'s data codes (groups
     ``[cd * G_DTILE, ...)``), of its compact scale row (split semantics) and of its ``moe_buf`` row. It
     reads no routing but its own token's ids and weights (fused semantics: a token whose kept pairs
@@ -428,7 +391,7 @@ def _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_row, buf_ptr, init_
         if t < T:
             if QG_D == G_DTILE:
                 s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
-                                           FLOOR_BITS, G_DTILE, BY_FLOAT)
+                                           FLOOR_BITS, G_DTILE)
                 if FUSED:
                     code = tl.where(all_zero, 0, code)
                 _store_data_row(q_row + gd * (16 if FP4 else 32), code, G - gd, FP4, G_DTILE)
@@ -438,7 +401,7 @@ def _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_row, buf_ptr, init_
             else:
                 for gq in range(gd, tl.minimum(gd + G_DTILE, G), QG_D):
                     s, code = _mx_quant_row(x_row + gq * 32, G - gq, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
-                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG_D, BY_FLOAT)
+                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG_D)
                     if FUSED:
                         code = tl.where(all_zero, 0, code)
                     _store_data_row(q_row + gq * (16 if FP4 else 32), code, G - gq, FP4, QG_D)
@@ -574,7 +537,7 @@ def _sort_quant_kernel(
     HAS_MASK: tl.constexpr, HAS_NLT: tl.constexpr,
     QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr,
     MAXC: tl.constexpr, NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
-    INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, BY_FLOAT: tl.constexpr,
+    INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr,
     SNP: tl.constexpr, FUSED: tl.constexpr,
     BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, D_SPLIT,
     PRESCANNED: tl.constexpr, CHUNK_T: tl.constexpr, G_TILE: tl.constexpr, QG: tl.constexpr,
@@ -602,7 +565,7 @@ def _sort_quant_kernel(
             _data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_ptr + row * G, buf_ptr, init_ptr, init_stride,
                           row, t, cs - ROUTE_PROGRAMS, T, M, E, D, G, D_SPLIT, K, K_PAD, E_BINS, HAS_MASK,
                           QUANT, FP4, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS,
-                          FUSED, BUF_MODE, D_BLOCK, G_DTILE, QG_D, COMPACT_SCALES, BY_FLOAT)
+                          FUSED, BUF_MODE, D_BLOCK, G_DTILE, QG_D, COMPACT_SCALES)
             return
     ROUTE_QUANT: tl.constexpr = QUANT and not (ROUTE_PROGRAMS > 0 and COMPACT_SCALES)  # this program reads x
     ROUTE_DATA: tl.constexpr = ROUTE_PROGRAMS == 0  # ... and writes codes, compact scales, moe_buf
@@ -615,7 +578,7 @@ def _sort_quant_kernel(
             x_tile = _load_groups(x_row + g0 * 32, tl.where(t < M, G - g0, 0), G_TILE)
             if not DEFER_QUANT:
                 s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
-                                           FLOOR_BITS, G_TILE, BY_FLOAT)
+                                           FLOOR_BITS, G_TILE)
     if BUF_MODE != 0:
         if ROUTE_DATA:
             if t < T:
@@ -713,7 +676,7 @@ def _sort_quant_kernel(
         if QG == G_TILE:
             if DEFER_QUANT:  # the row's load was issued first; its math waits until the routing is done
                 s, code = _mx_quant_groups(x_tile, MB, EMIN, MAXC, NANC, SIGNED_ZERO, SIGN_SHIFT, INV_MAX_BITS,
-                                           FLOOR_BITS, G_TILE, BY_FLOAT)
+                                           FLOOR_BITS, G_TILE)
     wq = tl.load(w_ptr + q, mask=keep_q, other=0.0)
     mine = keep_q & ((slot * 0 + cs) == 0)
     tl.store(sid_ptr + pos, (slot << 24) | t, mask=mine)
@@ -748,7 +711,7 @@ def _sort_quant_kernel(
             else:
                 for gq in range(g0, tl.minimum(g0 + G_TILE, G), QG):
                     s, code = _mx_quant_row(x_row + gq * 32, G - gq, MB, EMIN, MAXC, NANC, SIGNED_ZERO,
-                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG, BY_FLOAT)
+                                            SIGN_SHIFT, INV_MAX_BITS, FLOOR_BITS, QG)
                     _store_quant_tile(q_row, s_ptr, cs_ptr + row * G, s, code, gq, G, pos, keep_q, zero_w,
                                       all_zero, FUSED, FP4, SNP, K_PAD, QG, COMPACT_SCALES, ROUTE_DATA)
     if QUANT and ROUTE_DATA:
@@ -763,23 +726,41 @@ def _sort_quant_kernel(
 def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
                        K: tl.constexpr, E_BINS: tl.constexpr, CHUNK_T: tl.constexpr,
                        PC: tl.constexpr, PC_BITS: tl.constexpr, HAS_MASK: tl.constexpr,
-                       HAS_NLT: tl.constexpr):
+                       HAS_NLT: tl.constexpr, RANK_RUNS: tl.constexpr, HIST_RUNS: tl.constexpr):
     """Per chunk of ``CHUNK_T`` tokens: kept pairs per expert, and each pair's rank among the
-    chunk's earlier pairs of its expert (a sort by (expert, index) of the chunk's ``PC`` slots:
-    the rank is the sorted position minus the count of smaller experts)."""
+    chunk's earlier pairs of its expert, from a sort by (expert, index) of the chunk's ``PC`` slots.
+    The rank is the sorted position less its expert's first one: the start of its run of equal
+    experts (``RANK_RUNS``) or the count of smaller experts from the histogram (a cumsum and a
+    gather over every bin). The histogram is ``tl.histogram`` or, with ``HIST_RUNS``, each run's
+    length stored at its expert's bin over a row of zeros (nothing ``E_BINS`` wide but the zeros)."""
     c = tl.program_id(0)
     T = _token_count(nlt_ptr, M, HAS_NLT)
     lo = c * CHUNK_T * K
     hi = tl.minimum(lo + CHUNK_T * K, T * K)
     i = tl.arange(0, PC)
     e, keep = _expert_bins(ids_ptr, mask_ptr, lo + i, hi, E, E_BINS, HAS_MASK)
-    h = tl.histogram(e, E_BINS)
-    tl.store(hist_ptr + c * E_BINS + tl.arange(0, E_BINS), h)
+    hist_row = hist_ptr + c * E_BINS
+    if HIST_RUNS:
+        tl.store(hist_row + tl.arange(0, E_BINS), tl.zeros([E_BINS], tl.int32))
+    else:
+        h = tl.histogram(e, E_BINS)
+        tl.store(hist_row + tl.arange(0, E_BINS), h)
     key = tl.sort((e << PC_BITS) | i)
     e_s = key >> PC_BITS
-    smaller = tl.cumsum(h, 0) - h
-    rank = tl.arange(0, PC) - tl.gather(smaller, e_s, 0)
-    tl.store(rank_ptr + lo + (key & (PC - 1)), rank, mask=lo + (key & (PC - 1)) < hi)
+    if RANK_RUNS or HIST_RUNS:
+        start = (i == 0) | (tl.gather(e_s, tl.maximum(i - 1, 0), 0) != e_s)
+        rank = i - tl.associative_scan(tl.where(start, i, 0), 0, _max_combine)
+    else:
+        smaller = tl.cumsum(h, 0) - h
+        rank = i - tl.gather(smaller, e_s, 0)
+    if HIST_RUNS:  # a run's last pair holds its length, stored after the zeros (this program's earlier stores)
+        end = (i == PC - 1) | (tl.gather(e_s, tl.minimum(i + 1, PC - 1), 0) != e_s)
+        # orders them: __syncthreads on NVIDIA; on AMD a workgroup release/acquire fence around s_barrier, which
+        # covers global memory (LLVM's AMDGPU memory model; checked in the compiled LLVM IR, 2026-12-06)
+        tl.debug_barrier()
+        tl.store(hist_row + e_s, rank + 1, mask=end)
+    src = lo + (key & (PC - 1))
+    tl.store(rank_ptr + src, rank, mask=src < hi)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -1088,7 +1069,8 @@ def _tunables() -> tuple:
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             ROLES_MAX_PAIRS, ROLES_PRESCANNED, ROUTE_SPLIT_DIV, DATA_MAX_GROUPS,
-            SCALE_TILE_BYTES, QUANT_GROUPS, FP4_CODES_BY_FLOAT, FP8_CODES_BY_FLOAT, PRESCAN_TILE_STARTS, SCAN_MIN_TILE_BINS, SCAN_TILE_ELEMS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
+            SCALE_TILE_BYTES, QUANT_GROUPS, PRESCAN_TILE_STARTS, SCAN_MIN_TILE_BINS, SCAN_TILE_ELEMS,
+            RANK_FROM_RUNS, HIST_FROM_RUNS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
 
 class _SortPlan(NamedTuple):
@@ -1185,7 +1167,8 @@ def _make_plan(key: tuple) -> _SortPlan:
         pc = _next_pow2(chunk_t * K)
         rank = Prepared(_chunk_rank_kernel, (n_chunks,), _RANK_TENSORS, (None,) * 5 + (M, num_experts), dict(
             K=K, E_BINS=e_bins, CHUNK_T=chunk_t, PC=pc, PC_BITS=pc.bit_length() - 1,
-            HAS_MASK=has_mask, HAS_NLT=has_nlt, num_warps=4 if pc <= 1024 else 8))
+            HAS_MASK=has_mask, HAS_NLT=has_nlt, RANK_RUNS=RANK_FROM_RUNS, HIST_RUNS=HIST_FROM_RUNS,
+            num_warps=4 if pc <= 1024 else 8))
         scan = Prepared(_chunk_scan_kernel, (n_tiles,), _SCAN_TENSORS, (None,) * 4 + (n_chunks, num_experts, block_size),
                         dict(E_BINS=e_bins, E_TILE=e_tile, C_TILE=max(SCAN_TILE_ELEMS // e_tile, 1), N_TILES=n_tiles, TILE_STARTS=tile_starts,
                              HAS_MASK=has_mask))
@@ -1202,7 +1185,7 @@ def _make_plan(key: tuple) -> _SortPlan:
     sort = Prepared(_sort_quant_kernel, (max(M, 1), split), sort_at, args, dict(
         K=K, K_PAD=k_pad, BLOCK=block_size, PAD_STEP=PAD_STEP, E_BINS=e_bins, **batch,
         HAS_MASK=has_mask, HAS_NLT=has_nlt,
-        QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS, BY_FLOAT=FP4_CODES_BY_FLOAT if fmt["FP4"] else FP8_CODES_BY_FLOAT,
+        QUANT=quant, **fmt, FLOOR_BITS=_AMAX_FLOOR_BITS,
         SNP=snp, FUSED=fused,
         BUF_MODE=buf_mode, D_BLOCK=min(_next_pow2(max(model_dim, 16)), 2048),
         D_SPLIT=_round_up(_cdiv(model_dim, fill_split), 16),

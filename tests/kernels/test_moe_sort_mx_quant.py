@@ -240,6 +240,57 @@ def test_multi_launch_path(monkeypatch):
     run(41, 3, 8, 64, qd=None, kind="one", nlt=torch.tensor([40], dtype=torch.int32, device=DEV))
 
 
+def _rank_launch(ids, E, mask, nlt):
+    """The prescanned chain's first launch alone, into poisoned tables: ``(plan, hist, ranks)``."""
+    kept: list = []
+    w = torch.rand(ids.shape, device=DEV)
+    k.moe_sort_mx_quant(ids, w, E, 96, torch.bfloat16, 16, expert_mask=mask, num_local_tokens=nlt,
+                        zero_moe_buf=False, kept=kept)
+    plan = kept[0]
+    hist = torch.full((plan.n_chunks, plan.e_bins), -7, dtype=torch.int32, device=DEV)
+    ranks = torch.full((ids.numel(),), -7, dtype=torch.int32, device=DEV)
+    k._run(plan.rank, ids, ids if mask is None else mask, ids if nlt is None else nlt, hist, ranks)
+    return plan, hist.cpu(), ranks.cpu()
+
+
+@pytest.mark.parametrize("rank_runs,hist_runs", [(False, False), (True, False), (True, True)])
+def test_rank_launch_tables(monkeypatch, rank_runs, hist_runs):
+    """The rank launch's per-chunk histograms and ranks against their definition, for each way of computing
+    them (RANK_FROM_RUNS, HIST_FROM_RUNS): a chunk's histogram counts its PC slots by expert bin, dropped and
+    dead slots (past the local tokens, masked or out-of-range experts, a partial last chunk) in the last bin;
+    a live pair's rank is the count of the chunk's earlier pairs of its expert; past the local tokens nothing
+    is written."""
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
+    monkeypatch.setattr(k, "CHUNK_PAIRS", 32)
+    monkeypatch.setattr(k, "RANK_FROM_RUNS", rank_runs)
+    monkeypatch.setattr(k, "HIST_FROM_RUNS", hist_runs)
+    for M, K, E, kind, mask, nlt in ((29, 3, 16, "skewed", None, None), (23, 4, 64, "bad", 3, 19),
+                                     (40, 8, 8, "one", None, 33), (9, 5, 200, "uniform", 2, None)):
+        ids, _ = routing(M, K, E, kind)
+        mask_t = None if mask is None else (torch.arange(E, device=DEV) % mask != 0).to(torch.int32)
+        nlt_t = None if nlt is None else torch.tensor([nlt], dtype=torch.int32, device=DEV)
+        plan, hist, ranks = _rank_launch(ids, E, mask_t, nlt_t)
+        T = M if nlt is None else nlt
+        flat = ids.cpu().flatten().long()
+        kept_pair = (flat >= 0) & (flat < E) & (torch.arange(flat.numel()) < T * K)
+        if mask is not None:
+            kept_pair &= (torch.arange(E) % mask != 0)[flat.clamp(0, E - 1)]
+        e = torch.where(kept_pair, flat, plan.e_bins - 1)
+        pc = plan.rank.kwargs["PC"]
+        chunk_pairs = plan.rank.kwargs["CHUNK_T"] * K
+        for c in range(plan.n_chunks):
+            lo = c * chunk_pairs
+            ec = e[lo:lo + chunk_pairs]
+            want = torch.bincount(ec, minlength=plan.e_bins)
+            want[plan.e_bins - 1] += pc - ec.numel()  # the chunk's slots past its pairs
+            want_ranks = torch.tensor([int((ec[:j] == ec[j]).sum()) for j in range(ec.numel())], dtype=torch.int32)
+            live = min(max(T * K - lo, 0), ec.numel())
+            assert torch.equal(hist[c], want.to(torch.int32)), (M, K, E, c)
+            assert torch.equal(ranks[lo:lo + live], want_ranks[:live]), (M, K, E, c)
+            assert (ranks[lo + live:lo + ec.numel()] == -7).all(), (M, K, E, c)
+        run(M, K, E, 16, qd=FP4 if kind != "one" else None, kind=kind, mask=mask_t, nlt=nlt_t, semantics="split")
+
+
 @pytest.mark.parametrize("groups,one_step,defer", [pytest.param(1, 0, False, marks=SLOW_CI), (2, 0, True),
                                                    (8, 128, True), (8, 128, False)])
 def test_row_quantized_in_group_tiles(monkeypatch, groups, one_step, defer):
@@ -724,23 +775,14 @@ def test_scaled_group_max_is_at_most_max_pos(qd, src):
 def test_fp4_rounding_every_pattern_and_scale(semantics):
     """The kernel's e2m1 rounding against the reference's, for every bf16 magnitude under every
     scale that rounds it to a nonzero code, both signs (data bytes and scale bytes, bit for bit; on
-    the GPU, the compiled rounding): the float rounding (``FP4_CODES_BY_FLOAT``, what ships)."""
+    the GPU, the compiled rounding)."""
     _rounding_case(FP4, semantics)
 
 
 @pytest.mark.parametrize("qd", [FP8, pytest.param(FP8NUZ, marks=SLOW_CI)])
 def test_fp8_rounding_every_pattern_and_scale(qd):
-    """The same for e4m3fn and e4m3fnuz (``FP8_CODES_BY_FLOAT``, what ships): subnormal codes, the largest
+    """The same for e4m3fn and e4m3fnuz: subnormal codes, the largest
     codes (0x7E, 0x7F) and their ties, ties to even in every binade, fnuz's unsigned zero."""
-    _rounding_case(qd, "fused")
-
-
-@SLOW_CI
-@pytest.mark.parametrize("qd", [FP4, FP8])
-def test_integer_rounding_every_pattern_and_scale(monkeypatch, qd):
-    """The general integer rounding (``FP4_CODES_BY_FLOAT``, ``FP8_CODES_BY_FLOAT`` off) stays exact."""
-    monkeypatch.setattr(k, "FP4_CODES_BY_FLOAT", False)
-    monkeypatch.setattr(k, "FP8_CODES_BY_FLOAT", False)
     _rounding_case(qd, "fused")
 
 
