@@ -159,7 +159,12 @@ def main():
                            + [f"{times['new'] / floor:.2f}x",
                               f"{qbytes / (times['new'] - times['sort+fill']) / 1e3:.0f}"])
             heads_p = list(times)
-    lines = [f"<!-- python bench/bench_quant_bandwidth.py --out {args.out}; torch {torch.__version__}, Triton "
+            _write(args.out, t0, bw, alone, heads_p, product)  # row by row: a run cut short keeps its rows
+    print(Path(args.out).read_text())
+
+
+def _write(out, t0, bw, alone, heads_p, product):
+    lines = [f"<!-- python bench/bench_quant_bandwidth.py --out {out}; torch {torch.__version__}, Triton "
              f"{triton.__version__}, {harness.gpu_name()}, {time.time() - t0:.0f} s -->", "",
              f"Copy bandwidth {bw / 1e9:.0f} GB/s (read + write counted).", "",
              "## The quant alone", "",
@@ -170,9 +175,7 @@ def main():
               + " | ".join(f"{h} us" for h in heads_p) + " | new / floor | quant GB/s |",
               "|" + "---:|" * (7 + len(heads_p))]
     lines += ["| " + " | ".join(map(str, c)) + " |" for c in product]
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
+    Path(out).write_text("\n".join(lines) + "\n")
 
 def _call(row, quant, zero, i):
     ids, w, x = row.sets[i % len(row.sets)]
