@@ -476,7 +476,7 @@ def main():
         f"{kernel.TOKEN_BUCKETS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}, DEFER_QUANT_MATH "
         f"{kernel.DEFER_QUANT_MATH}, QUANT_ONE_STEP_GROUPS {kernel.QUANT_ONE_STEP_GROUPS}, QUANT_GROUPS "
         f"{kernel.QUANT_GROUPS}, ROLES_MAX_PAIRS {kernel.ROLES_MAX_PAIRS}, PRESCAN_TILE_STARTS "
-        f"{kernel.PRESCAN_TILE_STARTS}, RANK_FROM_RUNS {kernel.RANK_FROM_RUNS}, HIST_FROM_RUNS {kernel.HIST_FROM_RUNS}. -->",
+        f"{kernel.PRESCAN_TILE_STARTS}. -->",
         "",
         f"# MoE sort + zero + MXFP4 quant on {harness.gpu_name()}",
         "",

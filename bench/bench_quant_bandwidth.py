@@ -12,12 +12,13 @@ row. This script takes the quant apart on the GPU, CUDA-graph replay, same run:
   configured, without quant (sort + fill), the sort alone, without the fill (``zero_moe_buf=False``), with
   the math replaced by the shift (a fresh process; bits wrong), and with the module constants of
   ``CANDIDATES``; ``rank`` and ``scan``: the prescanned chain's first two launches alone (so the sort
-  launch alone is ``sort`` less both), and the rank launch with each candidate of ``RANK_CANDIDATES``.
+  launch alone is ``sort`` less both).
 
     python bench/bench_quant_bandwidth.py --out /tmp/quant_bandwidth.md  # its tables: docs/bench/moe_sort_quant_candidates_h200.md
 
 The candidates of earlier rounds (the integer rounding, the scan's 64-bin tiles, other rank chunks, the
-schedules) are gone from here; their tables name the commit that ran them.
+schedules, the rank launch by histogram, the chain from 513 pairs) are gone from here; their tables name the
+commit that ran them.
 """
 
 from __future__ import annotations
@@ -41,14 +42,7 @@ from bench.bench_moe_sort_quant import MODELS, Row, constants, graph_time_us  # 
 
 TOKENS = [8192, 32768]
 FP4 = torch.float4_e2m1fn_x2
-RANK_CANDIDATES = {  # the rank launch's ways (module constants), each timed alone and in the product
-    "rank by histogram": dict(RANK_FROM_RUNS=False, HIST_FROM_RUNS=False),
-    "rank by runs": dict(RANK_FROM_RUNS=True, HIST_FROM_RUNS=False),
-    "rank, histogram by runs": dict(RANK_FROM_RUNS=True, HIST_FROM_RUNS=True),
-}
-CANDIDATES = {f"with {name}": values for name, values in RANK_CANDIDATES.items()}
-# the chain (with both run-based ways) from 513 pairs instead of 2049: 9-64-token rows of many experts
-CANDIDATES["chain from 513 pairs"] = dict(ONE_LAUNCH_MAX_PAIRS=512, RANK_FROM_RUNS=True, HIST_FROM_RUNS=True)
+CANDIDATES: dict[str, dict] = {}  # module constants tried in the product, each a column (none this round)
 
 
 @triton.jit
@@ -148,9 +142,6 @@ def main():
                     fn = functools.partial(_call, row, quant, zero)
                     times[name] = graph_time_us(fn, row.calls)
             times["rank"], times["scan"] = chain_launches_us(row)
-            for name, values in RANK_CANDIDATES.items():
-                with constants(values):
-                    times[name] = chain_launches_us(row)[0]
             if not args.no_shift:
                 with ctx.Pool(1) as pool:
                     times["shift math"] = pool.apply(_product_shifted, ((M, E, K, N),))

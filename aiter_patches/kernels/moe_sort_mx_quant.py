@@ -168,11 +168,6 @@ PRESCAN_TILE_STARTS = True
 # with these, 3.7 and 8.9 (4x fewer steps from 32 to 1024 bins, 2x at 2048)
 SCAN_MIN_TILE_BINS = 16
 SCAN_TILE_ELEMS = 4096
-# The rank launch (candidates, issue 34): each pair's rank from the start of its expert's run in the chunk's sorted
-# keys instead of a cumsum and a gather over every expert bin (RANK_FROM_RUNS), and the chunk's histogram from the
-# runs' lengths instead of tl.histogram (HIST_FROM_RUNS)
-RANK_FROM_RUNS = False
-HIST_FROM_RUNS = False
 # Token-count buckets: every constexpr the launch derives from the batch comes from the ceiling of
 # the token count's bucket (``_batch_params``), so one model configuration compiles a fixed few
 # variants whatever batch sizes a server runs (each new variant is a JIT compile of ~2 s on AMD).
@@ -726,13 +721,13 @@ def _sort_quant_kernel(
 def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
                        K: tl.constexpr, E_BINS: tl.constexpr, CHUNK_T: tl.constexpr,
                        PC: tl.constexpr, PC_BITS: tl.constexpr, HAS_MASK: tl.constexpr,
-                       HAS_NLT: tl.constexpr, RANK_RUNS: tl.constexpr, HIST_RUNS: tl.constexpr):
-    """Per chunk of ``CHUNK_T`` tokens: kept pairs per expert, and each pair's rank among the
-    chunk's earlier pairs of its expert, from a sort by (expert, index) of the chunk's ``PC`` slots.
-    The rank is the sorted position less its expert's first one: the start of its run of equal
-    experts (``RANK_RUNS``) or the count of smaller experts from the histogram (a cumsum and a
-    gather over every bin). The histogram is ``tl.histogram`` or, with ``HIST_RUNS``, each run's
-    length stored at its expert's bin over a row of zeros (nothing ``E_BINS`` wide but the zeros)."""
+                       HAS_NLT: tl.constexpr):
+    """Per chunk of ``CHUNK_T`` tokens: kept pairs per expert, and each pair's rank among the chunk's earlier
+    pairs of its expert, both from a sort by (expert, index) of the chunk's ``PC`` slots: a pair's rank is its
+    sorted position less the start of its run of equal experts, and a run's length is its expert's count,
+    stored at that expert's bin over a row of zeros. Nothing but the zeros is ``E_BINS`` wide: a histogram, a
+    cumsum and a gather over every bin took 3x longer at 1024 bins (47 -> 12 µs at (896, 16) 32768 tokens on
+    an H100: docs/bench/moe_sort_quant_candidates_h200.md)."""
     c = tl.program_id(0)
     T = _token_count(nlt_ptr, M, HAS_NLT)
     lo = c * CHUNK_T * K
@@ -740,25 +735,17 @@ def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
     i = tl.arange(0, PC)
     e, keep = _expert_bins(ids_ptr, mask_ptr, lo + i, hi, E, E_BINS, HAS_MASK)
     hist_row = hist_ptr + c * E_BINS
-    if HIST_RUNS:
-        tl.store(hist_row + tl.arange(0, E_BINS), tl.zeros([E_BINS], tl.int32))
-    else:
-        h = tl.histogram(e, E_BINS)
-        tl.store(hist_row + tl.arange(0, E_BINS), h)
+    tl.store(hist_row + tl.arange(0, E_BINS), tl.zeros([E_BINS], tl.int32))
     key = tl.sort((e << PC_BITS) | i)
     e_s = key >> PC_BITS
-    if RANK_RUNS or HIST_RUNS:
-        start = (i == 0) | (tl.gather(e_s, tl.maximum(i - 1, 0), 0) != e_s)
-        rank = i - tl.associative_scan(tl.where(start, i, 0), 0, _max_combine)
-    else:
-        smaller = tl.cumsum(h, 0) - h
-        rank = i - tl.gather(smaller, e_s, 0)
-    if HIST_RUNS:  # a run's last pair holds its length, stored after the zeros (this program's earlier stores)
-        end = (i == PC - 1) | (tl.gather(e_s, tl.minimum(i + 1, PC - 1), 0) != e_s)
-        # orders them: __syncthreads on NVIDIA; on AMD a workgroup release/acquire fence around s_barrier, which
-        # covers global memory (LLVM's AMDGPU memory model; checked in the compiled LLVM IR, 2026-12-06)
-        tl.debug_barrier()
-        tl.store(hist_row + e_s, rank + 1, mask=end)
+    start = (i == 0) | (tl.gather(e_s, tl.maximum(i - 1, 0), 0) != e_s)
+    rank = i - tl.associative_scan(tl.where(start, i, 0), 0, _max_combine)
+    end = (i == PC - 1) | (tl.gather(e_s, tl.minimum(i + 1, PC - 1), 0) != e_s)
+    # orders the zeros (this program's earlier stores, other threads' among them) before the runs' lengths:
+    # __syncthreads on NVIDIA; on AMD a workgroup release/acquire fence around s_barrier, which covers global
+    # memory under LLVM's AMDGPU memory model (checked in the compiled LLVM IR: docs/bench/moe_sort_quant_amd_registers.md)
+    tl.debug_barrier()
+    tl.store(hist_row + e_s, rank + 1, mask=end)  # dropped and dead slots: the last bin's run, as counted before
     src = lo + (key & (PC - 1))
     tl.store(rank_ptr + src, rank, mask=src < hi)
 
@@ -1069,8 +1056,7 @@ def _tunables() -> tuple:
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             ROLES_MAX_PAIRS, ROLES_PRESCANNED, ROUTE_SPLIT_DIV, DATA_MAX_GROUPS,
-            SCALE_TILE_BYTES, QUANT_GROUPS, PRESCAN_TILE_STARTS, SCAN_MIN_TILE_BINS, SCAN_TILE_ELEMS,
-            RANK_FROM_RUNS, HIST_FROM_RUNS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
+            SCALE_TILE_BYTES, QUANT_GROUPS, PRESCAN_TILE_STARTS, SCAN_MIN_TILE_BINS, SCAN_TILE_ELEMS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
 
 class _SortPlan(NamedTuple):
@@ -1167,8 +1153,7 @@ def _make_plan(key: tuple) -> _SortPlan:
         pc = _next_pow2(chunk_t * K)
         rank = Prepared(_chunk_rank_kernel, (n_chunks,), _RANK_TENSORS, (None,) * 5 + (M, num_experts), dict(
             K=K, E_BINS=e_bins, CHUNK_T=chunk_t, PC=pc, PC_BITS=pc.bit_length() - 1,
-            HAS_MASK=has_mask, HAS_NLT=has_nlt, RANK_RUNS=RANK_FROM_RUNS, HIST_RUNS=HIST_FROM_RUNS,
-            num_warps=4 if pc <= 1024 else 8))
+            HAS_MASK=has_mask, HAS_NLT=has_nlt, num_warps=4 if pc <= 1024 else 8))
         scan = Prepared(_chunk_scan_kernel, (n_tiles,), _SCAN_TENSORS, (None,) * 4 + (n_chunks, num_experts, block_size),
                         dict(E_BINS=e_bins, E_TILE=e_tile, C_TILE=max(SCAN_TILE_ELEMS // e_tile, 1), N_TILES=n_tiles, TILE_STARTS=tile_starts,
                              HAS_MASK=has_mask))

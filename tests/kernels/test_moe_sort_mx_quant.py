@@ -253,17 +253,14 @@ def _rank_launch(ids, E, mask, nlt):
     return plan, hist.cpu(), ranks.cpu()
 
 
-@pytest.mark.parametrize("rank_runs,hist_runs", [(False, False), (True, False), (True, True)])
-def test_rank_launch_tables(monkeypatch, rank_runs, hist_runs):
-    """The rank launch's per-chunk histograms and ranks against their definition, for each way of computing
-    them (RANK_FROM_RUNS, HIST_FROM_RUNS): a chunk's histogram counts its PC slots by expert bin, dropped and
+def test_rank_launch_tables(monkeypatch):
+    """The rank launch's per-chunk histograms and ranks (from the runs of its sorted keys) against their
+    definition: a chunk's histogram counts its PC slots by expert bin, dropped and
     dead slots (past the local tokens, masked or out-of-range experts, a partial last chunk) in the last bin;
     a live pair's rank is the count of the chunk's earlier pairs of its expert; past the local tokens nothing
     is written."""
     monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
     monkeypatch.setattr(k, "CHUNK_PAIRS", 32)
-    monkeypatch.setattr(k, "RANK_FROM_RUNS", rank_runs)
-    monkeypatch.setattr(k, "HIST_FROM_RUNS", hist_runs)
     for M, K, E, kind, mask, nlt in ((29, 3, 16, "skewed", None, None), (23, 4, 64, "bad", 3, 19),
                                      (40, 8, 8, "one", None, 33), (9, 5, 200, "uniform", 2, None)):
         ids, _ = routing(M, K, E, kind)
