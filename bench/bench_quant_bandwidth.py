@@ -11,14 +11,14 @@ row. This script takes the quant apart on the GPU, CUDA-graph replay, same run:
 * ``product``: the whole sort + fill + quant of :mod:`aiter_patches.kernels.moe_sort_mx_quant` as
   configured, without quant (sort + fill), the sort alone, without the fill (``zero_moe_buf=False``), with
   the math replaced by the shift (a fresh process; bits wrong), and with the module constants of
-  ``CANDIDATES``; ``rank`` and ``scan``: the prescanned chain's first two launches alone (so the sort
-  launch alone is ``sort`` less both).
+  ``CANDIDATES``; ``rank``, ``scan`` and ``tiles``: the prescanned chain's other launches alone (so the sort
+  launch alone is ``sort`` less the first two, and ``new`` less all three).
 
     python bench/bench_quant_bandwidth.py --out /tmp/quant_bandwidth.md  # its tables: docs/bench/moe_sort_quant_candidates_h200.md
 
 The candidates of earlier rounds (the integer rounding, the scan's 64-bin tiles, other rank chunks, the
-schedules, the rank launch by histogram, the chain from 513 pairs) are gone from here; their tables name the
-commit that ran them.
+schedules, the rank launch by histogram, the chain from 513 pairs, the scale tiles gathered byte by byte) are
+gone from here; their tables name the commit that ran them.
 """
 
 from __future__ import annotations
@@ -82,22 +82,30 @@ def quant_alone_us(x, math: int, qg: int) -> float:
                                                                num_warps=4 if qg <= 64 else 8)], 6)
 
 
-def chain_launches_us(row) -> tuple[float, float]:
-    """The prescanned chain's first two launches alone (``rank``: per-chunk histograms and ranks; ``scan``: their
-    prefix over chunks), each replayed on its own, with the buffers the product gives them: the sort launch's own
-    time is the product's ``sort`` less these two."""
-    ids, w, _ = row.sets[0]
+def chain_launches_us(row) -> tuple[float, float, float]:
+    """The prescanned chain's launches other than the sort launch, each alone (``rank``: per-chunk histograms and
+    ranks; ``scan``: their prefix over chunks; ``tiles``: the sorted rows' scale bytes from the compact rows),
+    replayed on its own with the buffers the product gives it: the sort launch's own time is the product's
+    ``new`` less the three (``sort``, without the quant, less the first two)."""
+    ids, w, x = row.sets[0]
     kept: list = []
-    kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, zero_moe_buf=False, kept=kept)
+    out = kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4,
+                                   zero_moe_buf=False, kept=kept)
     plan = kept[0]
     if plan.rank is None:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     hist, pre = (torch.empty(plan.n_chunks, plan.e_bins, dtype=torch.int32, device=ids.device) for _ in range(2))
     tot = torch.empty(plan.tot_size, dtype=torch.int32, device=ids.device)
     ranks = torch.empty(ids.numel(), dtype=torch.int32, device=ids.device)
     rank = harness.graph_us([lambda: kernel._run(plan.rank, ids, ids, ids, hist, ranks)], row.calls)
     scan = harness.graph_us([lambda: kernel._run(plan.scan, hist, pre, tot, ids)], row.calls)
-    return rank, scan
+    tiles = float("nan")
+    if plan.tiles is not None:
+        compact = torch.randint(0, 255, (ids.shape[0], plan.G), dtype=torch.uint8, device=ids.device)
+        s_u8 = out.quant[1].view(torch.uint8)
+        tiles = harness.graph_us([lambda: kernel._run(plan.tiles, out.sorted_ids, out.num_valid_ids, compact, s_u8)],
+                                 row.calls)
+    return rank, scan, tiles
 
 
 def _product_shifted(job):
@@ -141,7 +149,7 @@ def main():
                 with constants(values):
                     fn = functools.partial(_call, row, quant, zero)
                     times[name] = graph_time_us(fn, row.calls)
-            times["rank"], times["scan"] = chain_launches_us(row)
+            times["rank"], times["scan"], times["tiles"] = chain_launches_us(row)
             if not args.no_shift:
                 with ctx.Pool(1) as pool:
                     times["shift math"] = pool.apply(_product_shifted, ((M, E, K, N),))

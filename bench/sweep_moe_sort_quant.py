@@ -3,7 +3,7 @@
 Two tables, CUDA-graph replay, block_size 32, MXFP4:
 
 * knobs: the module's launch constants (``ROW_SPLIT_PROGRAMS``, ``QUANT_GROUPS``,
-  ``CHUNK_PAIRS``, ``SCALE_TILE_BYTES``) over a grid, per shape; the defaults are marked.
+  ``CHUNK_PAIRS``) over a grid, per shape; the defaults are marked.
 * parts: the same call with parts left out (no quant, no ``moe_buf`` fill, neither), so the
   difference to the full call is what that part costs.
 
@@ -30,8 +30,7 @@ MODELS = [(256, 8, 7168), (128, 4, 6144), (896, 16, 3584), (128, 8, 2048)]
 DECODE = [1, 8, 32, 64, 128, 256]
 PREFILL = [2048, 32768]
 DECODE_KNOBS = [dict(ROW_SPLIT_PROGRAMS=r, QUANT_GROUPS=q) for r in (128, 256) for q in (16, 32, 64, 256)]
-PREFILL_KNOBS = [dict(CHUNK_PAIRS=c, QUANT_GROUPS=q, SCALE_TILE_BYTES=b)
-                 for c in (512, 1024) for q in (32, 64) for b in (1024, 4096)]
+PREFILL_KNOBS = [dict(CHUNK_PAIRS=c, QUANT_GROUPS=q) for c in (512, 1024) for q in (32, 64)]
 PARTS = {"all": dict(quant=True, buf=True), "no quant": dict(quant=False, buf=True),
          "no moe_buf": dict(quant=True, buf=False), "sort only": dict(quant=False, buf=False)}
 

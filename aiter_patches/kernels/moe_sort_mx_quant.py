@@ -152,8 +152,8 @@ ROLES_PRESCANNED = False
 ROUTE_SPLIT_DIV = 1
 DATA_MAX_GROUPS = 64
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
-SCALE_TILE_BYTES = 1024  # bytes of the swizzled scale layout a program writes per step
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
+TILE_GROUPS = 256  # the scale-tile launch reorders this many groups of its 32 rows at a time (8 KB of LDS)
 # Prefill (prescanned) without a quant: the scan launch also writes per-tile segment starts (its tiles of expert
 # bins, below), so that every program of the sort launch sums the tiles' counts (up to 64 values) instead of reading
 # and summing every expert bin's. H200, same run (docs/bench/moe_sort_quant_candidates_h200.md): the sort
@@ -751,26 +751,32 @@ def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
 
 
 @triton.jit(do_not_specialize=["M"])
-def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, M, SNP: tl.constexpr, BYTES: tl.constexpr):
+def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, M, SNP: tl.constexpr, SNP_PAD: tl.constexpr,
+                        GC: tl.constexpr):
     """Scale bytes of 32 sorted rows (``32 * SNP`` contiguous bytes of the swizzled layout), each
     from its token's compact row: full coalesced stores instead of one scattered byte per
-    (pair, group), which leave every 32-byte sector to be merged from many programs.
+    (pair, group), which leave every 32-byte sector to be merged from many programs. The 32 rows'
+    compact bytes are loaded row-wise (each row's ``G`` bytes contiguous) and put in the swizzled
+    order in registers (``_swizzle``: ``o = (g // 8) * 256 + (g % 4) * 64 + (r % 16) * 4 +
+    ((g % 8) // 4) * 2 + r // 16``, so the tile is ``[r // 16, r % 16, g // 8, (g % 8) // 4, g % 4]``
+    permuted): gathering each byte of the swizzled order from its row took twice as long (H100,
+    docs/bench/moe_sort_quant_candidates_h200.md). ``GC`` groups at a time (``TILE_GROUPS``; every
+    preset's row in one step), so that the permute's LDS stays at most 8 KB at any hidden size.
 
     ``num_valid_ids[1]`` is ``num_local_tokens`` as given, which can exceed the ``M`` compact rows
     (padding ids keep only its low 24 bits): a row is read only below ``min(T, M)``."""
     p = tl.program_id(0)
     nv = tl.load(nv_ptr)
     T = tl.load(nv_ptr + 1)
-    for b0 in range(0, SNP * 32, BYTES):
-        o = b0 + tl.arange(0, BYTES)
-        # the inverse of _swizzle within a 32-row tile
-        rem = o % 256
-        sub = rem % 64
-        g = (o // 256) * 8 + ((sub % 4) // 2) * 4 + rem // 64
-        row = p * 32 + (sub % 2) * 16 + sub // 4
-        tok = tl.load(sid_ptr + row, mask=row < nv, other=0) & 0xFFFFFF
-        real = (row < nv) & (tok < tl.minimum(T, M)) & (g < G)
-        val = tl.load(cs_ptr + tok.to(tl.int64) * G + g, mask=real, other=0)
+    r = p * 32 + tl.arange(0, 32)
+    tok = tl.load(sid_ptr + r, mask=r < nv, other=0) & 0xFFFFFF
+    real = (r < nv) & (tok < tl.minimum(T, M))
+    for g0 in range(0, SNP_PAD, GC):  # the groups from g0 fill the bytes from g0 * 32 (g0 a multiple of 8)
+        g = g0 + tl.arange(0, GC)
+        val = tl.load(cs_ptr + tok.to(tl.int64)[:, None] * G + g[None, :], mask=real[:, None] & (g[None, :] < G),
+                      other=0)
+        val = tl.reshape(tl.permute(tl.reshape(val, [2, 16, GC // 8, 2, 4]), [2, 4, 1, 3, 0]), [GC * 32])
+        o = g0 * 32 + tl.arange(0, GC * 32)
         tl.store(s_ptr + p.to(tl.int64) * (SNP * 32) + o, val, mask=o < SNP * 32)
 
 
@@ -1056,7 +1062,7 @@ def _tunables() -> tuple:
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
             DECODE_TILE, TILE, ROW_SPLIT_PROGRAMS, MIN_ROW_SPLIT, WIDE_ROW_ELEMS,
             ROLES_MAX_PAIRS, ROLES_PRESCANNED, ROUTE_SPLIT_DIV, DATA_MAX_GROUPS,
-            SCALE_TILE_BYTES, QUANT_GROUPS, PRESCAN_TILE_STARTS, SCAN_MIN_TILE_BINS, SCAN_TILE_ELEMS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
+            QUANT_GROUPS, TILE_GROUPS, PRESCAN_TILE_STARTS, SCAN_MIN_TILE_BINS, SCAN_TILE_ELEMS, TOKEN_BUCKETS, PAD_STEP, _AMAX_FLOOR_BITS)
 
 
 class _SortPlan(NamedTuple):
@@ -1181,7 +1187,7 @@ def _make_plan(key: tuple) -> _SortPlan:
     ))
     if compact_scales:
         tiles = Prepared(_scale_tiles_kernel, (scale_rows // 32,), _TILES_TENSORS, (None,) * 4 + (G, M),
-                         dict(SNP=snp, BYTES=SCALE_TILE_BYTES))
+                         dict(SNP=snp, SNP_PAD=_next_pow2(snp), GC=min(_next_pow2(snp), TILE_GROUPS)))
     return _SortPlan(n_sorted, n_blocks, data_cols, scale_rows, snp, G, n_chunks, e_bins, 3 * e_bins + 2 * n_tiles,
                      rank, scan, sort, tiles,
                      (_sort_quant_kernel, _chunk_rank_kernel, _chunk_scan_kernel, _scale_tiles_kernel), sort_pick)

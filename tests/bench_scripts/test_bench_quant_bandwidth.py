@@ -1,6 +1,8 @@
 """bench/bench_quant_bandwidth.py's own quant kernel (issue 34): the "quant alone" column is the product's
 math, so it must give the reference's bytes; the memory floor's stand-in must not."""
 
+import math
+
 import pytest
 import torch
 
@@ -27,9 +29,9 @@ def test_quant_alone_kernel_is_the_products_math(math, same):
 
 
 @pytest.mark.slow_ci
-def test_chain_launches_run_the_plans_rank_and_scan(monkeypatch):
-    """The per-launch breakdown replays the product's own rank and scan launches (here once each, on the
-    interpreter): their tables are the ones the product's sort launch reads."""
+def test_chain_launches_run_the_plans_rank_scan_and_tiles(monkeypatch):
+    """The per-launch breakdown replays the product's own rank, scan and scale-tile launches (here once each, on
+    the interpreter): their tables are the ones the product's sort launch reads."""
     ran = []
 
     def once(calls, n_calls):
@@ -40,5 +42,6 @@ def test_chain_launches_run_the_plans_rank_and_scan(monkeypatch):
     monkeypatch.setattr(b.harness, "graph_us", once)
     monkeypatch.setattr(bench_moe_sort_quant, "DEV", "cpu")
     row = b.Row(300, 16, 8, 64)  # 2400 pairs: the prescanned chain
-    assert b.chain_launches_us(row) == (1.0, 1.0) and len(ran) == 2
-    assert b.chain_launches_us(b.Row(4, 16, 8, 64)) != b.chain_launches_us(b.Row(4, 16, 8, 64))  # one launch: NaN
+    assert b.chain_launches_us(row) == (1.0, 1.0, 1.0) and len(ran) == 3
+    assert all(math.isnan(t) for t in b.chain_launches_us(b.Row(4, 16, 8, 64)))  # one launch: none of the three
+    assert len(ran) == 3
