@@ -74,7 +74,8 @@ def with_aiter(device: str | None, body: Callable) -> tuple:
     problem = real_aiter_problem()
     if problem is None:
         return body(dev), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
-    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
+    # a snapshot first: another thread may import while this scans (tests/stub/test_sys_modules_scans.py)
+    for name in [m for m in list(sys.modules) if m == "aiter" or m.startswith("aiter.")]:
         if not _is_stand_in(sys.modules.get("aiter")):
             del sys.modules[name]
     import aiter_patches_standin  # only here: no real AITER imports

@@ -42,7 +42,7 @@ def is_stand_in(module) -> bool:
 
 
 def _aiter_modules() -> list[str]:
-    return [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]
+    return [m for m in list(sys.modules) if m == "aiter" or m.startswith("aiter.")]  # a snapshot: other threads import
 
 
 @contextlib.contextmanager
