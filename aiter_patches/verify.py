@@ -74,11 +74,11 @@ def with_aiter(device: str | None, body: Callable) -> tuple:
     problem = real_aiter_problem()
     if problem is None:
         return body(dev), f"installed AITER ({getattr(sys.modules['aiter'], '__file__', '?')})"
-    # a snapshot first: another thread may import while this scans (tests/stub/test_sys_modules_scans.py)
-    for name in [m for m in list(sys.modules) if m == "aiter" or m.startswith("aiter.")]:
-        if not _is_stand_in(sys.modules.get("aiter")):
-            del sys.modules[name]
     import aiter_patches_standin  # only here: no real AITER imports
+
+    if not _is_stand_in(sys.modules.get("aiter")):
+        for name in aiter_patches_standin.aiter_modules():  # what a failed import of a real AITER left
+            del sys.modules[name]
 
     with aiter_patches_standin.use():
         import_stand_in_targets()  # the registry says which modules the patches target

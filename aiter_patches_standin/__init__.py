@@ -41,8 +41,9 @@ def is_stand_in(module) -> bool:
     return bool(getattr(module, "IS_AITER_PATCHES_STAND_IN", False))
 
 
-def _aiter_modules() -> list[str]:
-    return [m for m in list(sys.modules) if m == "aiter" or m.startswith("aiter.")]  # a snapshot: other threads import
+def aiter_modules() -> list[str]:
+    """The names of every imported ``aiter`` module, from a snapshot of ``sys.modules`` (other threads import)."""
+    return [m for m in list(sys.modules) if m == "aiter" or m.startswith("aiter.")]
 
 
 @contextlib.contextmanager
@@ -55,7 +56,7 @@ def use(*, revert_patches: bool = True) -> Iterator[object]:
     ``RuntimeError`` if another ``aiter`` is already imported: the stand-in must not mix with a
     real AITER in one process.
     """
-    present = _aiter_modules()
+    present = aiter_modules()
     if present:
         mod = sys.modules.get("aiter")
         if not is_stand_in(mod):
@@ -80,6 +81,6 @@ def use(*, revert_patches: bool = True) -> Iterator[object]:
             sys.path.remove(ROOT)
         except ValueError:
             pass
-        for name in _aiter_modules():
+        for name in aiter_modules():
             del sys.modules[name]
         importlib.invalidate_caches()

@@ -751,8 +751,7 @@ def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
 
 
 @triton.jit(do_not_specialize=["M"])
-def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, M, SNP: tl.constexpr, SNP_PAD: tl.constexpr,
-                        GC: tl.constexpr):
+def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, M, SNP: tl.constexpr, GC: tl.constexpr):
     """Scale bytes of 32 sorted rows (``32 * SNP`` contiguous bytes of the swizzled layout), each
     from its token's compact row: full coalesced stores instead of one scattered byte per
     (pair, group), which leave every 32-byte sector to be merged from many programs. The 32 rows'
@@ -771,7 +770,7 @@ def _scale_tiles_kernel(sid_ptr, nv_ptr, cs_ptr, s_ptr, G, M, SNP: tl.constexpr,
     r = p * 32 + tl.arange(0, 32)
     tok = tl.load(sid_ptr + r, mask=r < nv, other=0) & 0xFFFFFF
     real = (r < nv) & (tok < tl.minimum(T, M))
-    for g0 in range(0, SNP_PAD, GC):  # the groups from g0 fill the bytes from g0 * 32 (g0 a multiple of 8)
+    for g0 in range(0, SNP, GC):  # the groups from g0 fill the bytes from g0 * 32 (g0 a multiple of 8)
         g = g0 + tl.arange(0, GC)
         val = tl.load(cs_ptr + tok.to(tl.int64)[:, None] * G + g[None, :], mask=real[:, None] & (g[None, :] < G),
                       other=0)
@@ -1187,7 +1186,7 @@ def _make_plan(key: tuple) -> _SortPlan:
     ))
     if compact_scales:
         tiles = Prepared(_scale_tiles_kernel, (scale_rows // 32,), _TILES_TENSORS, (None,) * 4 + (G, M),
-                         dict(SNP=snp, SNP_PAD=_next_pow2(snp), GC=min(_next_pow2(snp), TILE_GROUPS)))
+                         dict(SNP=snp, GC=min(_next_pow2(snp), TILE_GROUPS)))
     return _SortPlan(n_sorted, n_blocks, data_cols, scale_rows, snp, G, n_chunks, e_bins, 3 * e_bins + 2 * n_tiles,
                      rank, scan, sort, tiles,
                      (_sort_quant_kernel, _chunk_rank_kernel, _chunk_scan_kernel, _scale_tiles_kernel), sort_pick)

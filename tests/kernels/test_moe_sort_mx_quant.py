@@ -225,7 +225,7 @@ def test_multi_launch_path(monkeypatch):
     run(31, 3, 16, 32, N=544, qd=FP8, kind="bad", semantics="split", mask=(torch.arange(16, device=DEV) % 4 != 1).to(
         torch.int32), nlt=torch.tensor([26], dtype=torch.int32, device=DEV))
     run(17, 8, 8, 64, N=224, qd=FP8NUZ, kind="skewed", xkind="special", semantics="split")
-    # the scale tiles 8 groups at a time: 17 groups (SNP 24, padded to 32) in four steps, the last past SNP
+    # the scale tiles 8 groups at a time: 17 groups (SNP 24) in three steps, the last past G
     monkeypatch.setattr(k, "TILE_GROUPS", 8)
     run(19, 3, 16, 32, N=544, qd=FP4, semantics="split", nlt=torch.tensor([15], dtype=torch.int32, device=DEV))
     monkeypatch.setattr(k, "TILE_GROUPS", 256)

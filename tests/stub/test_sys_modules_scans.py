@@ -27,7 +27,7 @@ def _plant(monkeypatch):
 def test_the_stand_ins_scan_survives_an_import_meanwhile(monkeypatch):
     _plant(monkeypatch)
     try:
-        names = aiter_patches_standin._aiter_modules()
+        names = aiter_patches_standin.aiter_modules()
     finally:
         sys.modules.pop(LATE, None)
     assert all(n == "aiter" or n.startswith("aiter.") for n in names)
