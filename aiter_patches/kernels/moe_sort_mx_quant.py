@@ -42,8 +42,9 @@ bucket (``TOKEN_BUCKETS``, ``_batch_params``), the token count and the block siz
 arguments (padding is written in a loop of ``PAD_STEP``-wide masked tiles), so one model configuration
 compiles a fixed few variants whatever batch sizes and block sizes a server runs.
 
-Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs) take three launches (four with the
-split-semantics quant, ``launch_count``), so that no
+Large batches (more than ``ONE_LAUNCH_MAX_PAIRS`` pairs, or fewer with many experts:
+``ONE_LAUNCH_MAX_PAIR_BINS``) take three launches (four with the split-semantics quant,
+``launch_count``), so that no
 program counts anything: per chunk of tokens, the expert counts and each pair's rank among the
 chunk's earlier pairs of its expert (a sort of the chunk by expert); an exclusive scan of the
 counts over chunks; the same per-token kernel, now reading those tables (one cumsum over the
@@ -101,6 +102,11 @@ from .fast_launch import Prepared, launch, run_prepared
 # One launch while each program's redundant count of all pairs stays short; above it three
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
 ONE_LAUNCH_MAX_PAIRS = 2048
+# ... and while the count's work, pairs x expert bins, stays within this (past the decode methods' pairs): the count
+# reads every pair into every bin. H100, same run: (896, 16) at 128 tokens (2048 pairs x 1024 bins) 17.6 -> 12.3 µs
+# prescanned; at 64 tokens (1024 x 1024) 9.9 against 10.3 and (256, 8) at 256 (2048 x 512) 16.8 against 16.8 keep
+# the count (docs/bench/moe_sort_quant_candidates_h200.md, issue 34)
+ONE_LAUNCH_MAX_PAIR_BINS = 1 << 20
 FUSED_QUANT_MAX_PAIRS = contract.STAGE1_FUSED_MAX_PAIRS  # AITER fuses the stage-1 quant up to it ("auto")
 CHUNK_PAIRS = 512
 # Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
@@ -1055,7 +1061,7 @@ _plans: dict[tuple, "_SortPlan"] = {}
 
 def _tunables() -> tuple:
     """The module constants a plan is derived from (benchmarks and tests change them)."""
-    return (ONE_LAUNCH_MAX_PAIRS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
+    return (ONE_LAUNCH_MAX_PAIRS, ONE_LAUNCH_MAX_PAIR_BINS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
             DECODE_PER_BIN_MIN_BINS,
             DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
@@ -1146,7 +1152,7 @@ def _make_plan(key: tuple) -> _SortPlan:
 
     e_bins = _next_pow2(num_experts + 1)
     k_pad = _next_pow2(K)
-    prescanned = _prescanned(M, K)
+    prescanned = _prescanned(M, K, e_bins)
     chunk_t, n_chunks = 1, 0
     rank = scan = tiles = None
     e_tile = min(e_bins, max(SCAN_MIN_TILE_BINS, e_bins // 64))
@@ -1192,18 +1198,26 @@ def _make_plan(key: tuple) -> _SortPlan:
                      (_sort_quant_kernel, _chunk_rank_kernel, _chunk_scan_kernel, _scale_tiles_kernel), sort_pick)
 
 
-def _prescanned(M: int, K: int) -> bool:
-    """Whether a batch takes the launches that build the rank tables first (more than
-    ``ONE_LAUNCH_MAX_PAIRS`` routing pairs) instead of the one-launch path."""
-    return max(M * K, 1) > ONE_LAUNCH_MAX_PAIRS
+def _one_launch_max_pairs(e_bins: int) -> int:
+    """The most routing pairs the one-launch path takes with ``e_bins`` expert bins:
+    ``ONE_LAUNCH_MAX_PAIRS``, less where the per-program count would pass ``ONE_LAUNCH_MAX_PAIR_BINS``
+    (never below the pairs the E-independent decode methods take)."""
+    per_bin = DECODE_PAIRS_PER_BIN * e_bins if e_bins >= DECODE_PER_BIN_MIN_BINS else 0
+    return min(ONE_LAUNCH_MAX_PAIRS, max(ONE_LAUNCH_MAX_PAIR_BINS // e_bins, DECODE_MAX_PAIRS, int(per_bin)))
 
 
-def _bucket_tokens(M: int, K: int) -> int:
+def _prescanned(M: int, K: int, e_bins: int) -> bool:
+    """Whether a batch takes the launches that build the rank tables first (more routing pairs than
+    :func:`_one_launch_max_pairs`) instead of the one-launch path."""
+    return max(M * K, 1) > _one_launch_max_pairs(e_bins)
+
+
+def _bucket_tokens(M: int, K: int, e_bins: int) -> int:
     """The ceiling of ``M``'s bucket in ``TOKEN_BUCKETS``, within the launch path ``M`` takes (the
-    one-launch path ends at ``ONE_LAUNCH_MAX_PAIRS // K`` tokens); never below ``M``."""
+    one-launch path ends at ``_one_launch_max_pairs(e_bins) // K`` tokens); never below ``M``."""
     m_b = next((b for b in TOKEN_BUCKETS if b >= M), max(M, 1))
-    if not _prescanned(M, K):
-        m_b = max(min(m_b, ONE_LAUNCH_MAX_PAIRS // K), M, 1)
+    if not _prescanned(M, K, e_bins):
+        m_b = max(min(m_b, _one_launch_max_pairs(e_bins) // K), M, 1)
     return m_b
 
 
@@ -1216,11 +1230,11 @@ def _batch_params(M: int, K: int, e_bins: int, k_pad: int, g_pad: int, quant: bo
     Any value is correct; the bucket only trades a few masked lanes (tiles sized for the ceiling)
     and fewer row-split programs near the bucket's floor.
     """
-    m_b = _bucket_tokens(M, K)
+    m_b = _bucket_tokens(M, K, e_bins)
     split = max(1, min(max(_prev_pow2(max(ROW_SPLIT_PROGRAMS // m_b, 1)), MIN_ROW_SPLIT),
                        max(g_pad // 16, 1) if quant else max(model_dim // 1024, 1)))
     g_tile = g_pad // split if quant else 1
-    prescanned = _prescanned(M, K)
+    prescanned = _prescanned(M, K, e_bins)
     sort = _sort_params(m_b * K, e_bins, k_pad, prescanned)
     if quant and (ROLES_PRESCANNED if prescanned else m_b * K <= ROLES_MAX_PAIRS):
         # split roles: data programs (codes, compact scales, moe_buf) beside the routing programs
@@ -1270,10 +1284,11 @@ def decode_path(num_tokens: int, topk: int, num_experts: int = 1) -> str:
     """Which one-launch position method a call of this size takes (chosen for its token bucket):
     "sort", "compare", "count" (per-program expert count over all bins) or "prescanned" (four
     launches)."""
-    if _prescanned(num_tokens, topk):
+    e_bins = _next_pow2(num_experts + 1)
+    if _prescanned(num_tokens, topk, e_bins):
         return "prescanned"
-    pairs_b = _bucket_tokens(num_tokens, topk) * topk
-    return ("count", "sort", "compare")[_sort_params(pairs_b, _next_pow2(num_experts + 1), 1, False)["DECODE"]]
+    pairs_b = _bucket_tokens(num_tokens, topk, e_bins) * topk
+    return ("count", "sort", "compare")[_sort_params(pairs_b, e_bins, 1, False)["DECODE"]]
 
 
 def _count_params(pairs: int, e_bins: int) -> dict:
@@ -1284,6 +1299,6 @@ def _count_params(pairs: int, e_bins: int) -> dict:
     return dict(COUNT_CHUNK=min(chunk, 1024), USE_HIST=True)
 
 
-def launch_count(num_tokens: int, topk: int, quant: bool, fused: bool) -> int:
+def launch_count(num_tokens: int, topk: int, num_experts: int, quant: bool, fused: bool) -> int:
     """Kernels :func:`moe_sort_mx_quant` launches (``fused``: the quant's resolved semantics)."""
-    return 3 + (quant and not fused) if _prescanned(num_tokens, topk) else 1
+    return 3 + (quant and not fused) if _prescanned(num_tokens, topk, _next_pow2(num_experts + 1)) else 1

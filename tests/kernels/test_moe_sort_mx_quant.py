@@ -536,12 +536,32 @@ def test_decode_threshold_grows_with_expert_bins(monkeypatch):
     monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 512)
     monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 1)
     monkeypatch.setattr(k, "DECODE_COMPARE_MAX_PAIRS", 0)
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIR_BINS", 1 << 22)  # the one-launch path to 2048 pairs at 1024 bins
     # 64 tokens x topk 16: 1024 pairs; bins: the next power of two above E
     assert [k.decode_path(64, 16, E) for E in (128, 511, 512, 896)] == ["count", "count", "sort", "sort"]
     assert k.decode_path(64, 8, 128) == "sort" and k.decode_path(33, 16, 896) == "sort"  # 512; 1024 pairs
     assert k.decode_path(65, 8, 896) == "count"  # 2048 pairs
     monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 0)
     assert k.decode_path(64, 16, 896) == "count"
+
+
+def test_the_one_launch_path_ends_where_the_count_passes_its_pair_bins(monkeypatch):
+    """The per-program count reads every pair into every expert bin: past ONE_LAUNCH_MAX_PAIR_BINS
+    (pairs x bins) the prescanned launches take the batch, never below the decode methods' pairs; the
+    one-launch buckets end there too, so no one-launch variant is compiled for more pairs than it takes."""
+    monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 32)
+    monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 0.5)
+    monkeypatch.setattr(k, "DECODE_PER_BIN_MIN_BINS", 512)
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 2048)
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIR_BINS", 1 << 20)
+    assert [k.decode_path(M, 16, 896) for M in (32, 33, 64, 65, 128)] == [
+        "sort", "count", "count", "prescanned", "prescanned"]  # 1024 bins: 1024 pairs
+    assert [k.decode_path(M, 8, 256) for M in (256, 257)] == ["count", "prescanned"]  # 512 bins: 2048 pairs
+    assert [k.decode_path(M, 8, 128) for M in (256, 257)] == ["count", "prescanned"]  # 256 bins: capped at 2048
+    assert [k.decode_path(M, 8, 2047) for M in (128, 129)] == ["sort", "prescanned"]  # 2048 bins: the sort's 1024
+    assert k._bucket_tokens(33, 16, 1024) == 64 and k._bucket_tokens(65, 16, 1024) == 256
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIR_BINS", 1 << 21)
+    assert k.decode_path(65, 16, 896) == "count" and k._bucket_tokens(65, 16, 1024) == 128
 
 
 def test_few_expert_bins_take_the_count_from_64_pairs(monkeypatch):

@@ -108,7 +108,7 @@ def test_sort_plan_hits_launch_what_triton_launches(fake, M, K, E, D, quant, sem
     kw = dict(quant_input=torch.randn(M, D).to(torch.bfloat16), quant_dtype=quant) if quant is not None else {}
     ordinary, _ = three_ways(fake, lambda: k.moe_sort_mx_quant(ids, w, E, D, torch.bfloat16, 32,
                                                                 quant_semantics=sem, **kw))
-    assert len(ordinary) == k.launch_count(M, K, quant is not None, sem == "fused" or (
+    assert len(ordinary) == k.launch_count(M, K, E, quant is not None, sem == "fused" or (
         sem == "auto" and M * K <= k.FUSED_QUANT_MAX_PAIRS))
     assert len(k._plans) == 1
 

@@ -1,6 +1,6 @@
 """The launch count the sort-only rule compares with AITER's is the kernel module's own, checked
-against counted launches: one up to ONE_LAUNCH_MAX_PAIRS pairs, then three (rank, scan, sort),
-four with the split-semantics quant (its scale tiles)."""
+against counted launches: one up to ONE_LAUNCH_MAX_PAIRS pairs (fewer with many experts:
+ONE_LAUNCH_MAX_PAIR_BINS), then three (rank, scan, sort), four with the split-semantics quant (its scale tiles)."""
 
 import pytest
 import torch
@@ -9,16 +9,16 @@ from aiter_patches.kernels import moe_sort_mx_quant as k
 from aiter_patches.patches import moe_sort_mx_quant as msq
 
 
-def _counted(monkeypatch, M, topk, quant_dtype=None, semantics="auto"):
+def _counted(monkeypatch, M, topk, quant_dtype=None, semantics="auto", E=64):
     names = []
     monkeypatch.setattr(k, "launch", lambda fn, grid, *a, **kw: names.append(fn.__name__))
-    ids = (torch.arange(M * topk, dtype=torch.int32) % 64).reshape(M, topk)
+    ids = (torch.arange(M * topk, dtype=torch.int32) % E).reshape(M, topk)
     w = torch.rand(M, topk)
     quant = {}
     if quant_dtype is not None:
         quant = dict(quant_input=torch.zeros(M, 64, dtype=torch.bfloat16), quant_dtype=quant_dtype,
                      quant_semantics=semantics)
-    k.moe_sort_mx_quant(ids, w, 64, 128, torch.bfloat16, 32, **quant)
+    k.moe_sort_mx_quant(ids, w, E, 128, torch.bfloat16, 32, **quant)
     return names
 
 
@@ -33,7 +33,21 @@ def _counted(monkeypatch, M, topk, quant_dtype=None, semantics="auto"):
 ])
 def test_launch_count_is_what_the_kernel_launches(monkeypatch, M, topk, qd, sem, fused, n):
     assert len(_counted(monkeypatch, M, topk, qd, sem)) == n
-    assert k.launch_count(M, topk, quant=qd is not None, fused=fused) == n
+    assert k.launch_count(M, topk, 64, quant=qd is not None, fused=fused) == n
+
+
+@pytest.mark.parametrize("M,topk,E,qd,n", [
+    (64, 16, 896, None, 1),                          # 1024 pairs x 1024 bins: the count
+    (65, 16, 896, None, 3),                          # past 2^20 pair-bins: prescanned
+    (65, 16, 896, torch.float4_e2m1fn_x2, 3),        # auto up to 2048 pairs is fused: no scale tiles
+    (128, 16, 511, torch.float8_e4m3fn, 1),          # 512 bins: one launch up to 2048 pairs
+    (33, 16, 2048, None, 1),                         # 4096 bins: the decode methods take 2048 (per bin): one launch
+])
+def test_many_experts_take_the_prescanned_launches_from_fewer_pairs(monkeypatch, M, topk, E, qd, n):
+    """With 1024 and more expert bins the per-program count of every pair into every bin passes
+    ONE_LAUNCH_MAX_PAIR_BINS before ONE_LAUNCH_MAX_PAIRS: the prescanned launches take the batch."""
+    assert len(_counted(monkeypatch, M, topk, qd, "auto", E)) == n
+    assert k.launch_count(M, topk, E, quant=qd is not None, fused=M * topk <= k.FUSED_QUANT_MAX_PAIRS) == n
 
 
 @pytest.mark.parametrize("M,topk,theirs,saves", [(256, 8, 2, True), (2048, 2, 4, True), (2048, 2, 3, False),
@@ -42,7 +56,7 @@ def test_sort_only_runs_where_its_counted_launches_are_fewer(monkeypatch, M, top
     monkeypatch.setattr(msq, "aiter_sort_launches", lambda *a: theirs)
     bound = {"topk_ids": torch.zeros(M, topk, dtype=torch.int32), "num_experts": 64}
     reason = msq.sort_only_reason(bound, k)
-    ours = k.launch_count(M, topk, quant=False, fused=False)
+    ours = k.launch_count(M, topk, 64, quant=False, fused=False)
     assert (reason is None) == saves
     if not saves:
         assert reason.endswith(f"takes {theirs} launch(es), the one-launch sort {ours}")

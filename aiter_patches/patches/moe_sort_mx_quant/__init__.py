@@ -194,7 +194,7 @@ def _verdict_key(step, call):
                 python_level_reason, sort_only_reason, aiter_sort_launches,
                 getattr(sys.modules.get("aiter"), "moe_sorting_opus_get_workspace_size", None),
                 kernel.unsupported_reason, kernel.launch_count, kernel.MAX_TOPK, kernel.MAX_EXPERTS,
-                kernel.MAX_MODEL_DIM, kernel.ONE_LAUNCH_MAX_PAIRS, kernel.INT32_LIMIT, kernel.run_kept,
+                kernel.MAX_MODEL_DIM, kernel.ONE_LAUNCH_MAX_PAIRS, kernel.ONE_LAUNCH_MAX_PAIR_BINS, kernel.INT32_LIMIT, kernel.run_kept,
                 kernel.plan_key_reads()), tensors  # the kept kernel plan's own key reads (tunables, kernels)
     except call_key.Unkeyable:
         return None, ()
@@ -272,7 +272,7 @@ def sort_only_reason(bound: dict, kernel) -> str | None:
     worth it only where it launches fewer kernels.
     """
     M, topk = bound["topk_ids"].shape
-    ours = kernel.launch_count(M, topk, quant=False, fused=False)
+    ours = kernel.launch_count(M, topk, bound["num_experts"], quant=False, fused=False)
     try:
         theirs = aiter_sort_launches(M, bound["num_experts"], topk, bound.get("dispatch_policy", 0) or 0)
     except Exception:  # noqa: BLE001 - AITER cannot say: do not replace its sort for nothing (asked again next call)
