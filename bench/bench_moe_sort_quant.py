@@ -117,13 +117,16 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "split256": dict(ROW_SPLIT_PROGRAMS=256),
     "split64": dict(ROW_SPLIT_PROGRAMS=64),
     "w8": dict(DECODE_NUM_WARPS=8),
-    # the prescanned launches (rank, scan, sort) from 32 pairs on, with the rank tables' chunks as configured or
-    # of 128 and 64 pairs (more rank programs at a few hundred pairs); `one`: the one-launch path to 2048 pairs
-    "pre": dict(ONE_LAUNCH_MAX_PAIRS=16),
-    "pre-c128": dict(ONE_LAUNCH_MAX_PAIRS=16, CHUNK_PAIRS=128),
-    "pre-c64": dict(ONE_LAUNCH_MAX_PAIRS=16, CHUNK_PAIRS=64),
-    "c128": dict(CHUNK_PAIRS=128),
+    # the prescanned launches (rank, scan, sort) from 32 pairs on, with rank chunks of 512, 128 and 64 pairs (more
+    # rank programs at a few thousand pairs); `one`: the one-launch path to 2048 pairs whatever the experts;
+    # `bins20`: to 2^20 pair-bins; `c512`, `c128`: the small batches' rank chunks of 512, 128 pairs
+    "pre": dict(ONE_LAUNCH_MAX_PAIRS=16, SMALL_BATCH_CHUNK_PAIRS=512),
+    "pre-c128": dict(ONE_LAUNCH_MAX_PAIRS=16, SMALL_BATCH_CHUNK_PAIRS=128),
+    "pre-c64": dict(ONE_LAUNCH_MAX_PAIRS=16, SMALL_BATCH_CHUNK_PAIRS=64),
     "one": dict(ONE_LAUNCH_MAX_PAIR_BINS=1 << 30),
+    "bins20": dict(ONE_LAUNCH_MAX_PAIR_BINS=1 << 20),
+    "c512": dict(SMALL_BATCH_CHUNK_PAIRS=512),
+    "c128": dict(SMALL_BATCH_CHUNK_PAIRS=128),
 }
 CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k,prev"
 
@@ -178,7 +181,7 @@ class Row:
         g_pad = kernel._next_pow2(N // 32) if quant else 1
         batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
         path = kernel.decode_path(M, K, E)
-        chunk = max(1, kernel._prev_pow2(kernel.CHUNK_PAIRS // K)) if path == "prescanned" else 0  # the rank launch's
+        chunk = kernel._chunk_tokens(M, K, kernel._next_pow2(E + 1)) if path == "prescanned" else 0  # the rank launch's
         return (path, quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH, chunk)
 
     def pairs_pad(self) -> int:
@@ -483,7 +486,8 @@ def main():
         f"{kernel.DECODE_COMPARE_MAX_PAIRS}, DECODE_COMPARE_TILE {kernel.DECODE_COMPARE_TILE}, DECODE_SORT_SELECT "
         f"{kernel.DECODE_SORT_SELECT}, DECODE_NUM_WARPS {kernel.DECODE_NUM_WARPS}, TOKEN_BUCKETS "
         f"{kernel.TOKEN_BUCKETS}, ONE_LAUNCH_MAX_PAIRS {kernel.ONE_LAUNCH_MAX_PAIRS}, ONE_LAUNCH_MAX_PAIR_BINS "
-        f"{kernel.ONE_LAUNCH_MAX_PAIR_BINS}, DEFER_QUANT_MATH "
+        f"{kernel.ONE_LAUNCH_MAX_PAIR_BINS}, CHUNK_PAIRS {kernel.CHUNK_PAIRS}, SMALL_BATCH_CHUNK_PAIRS "
+        f"{kernel.SMALL_BATCH_CHUNK_PAIRS}, DEFER_QUANT_MATH "
         f"{kernel.DEFER_QUANT_MATH}, QUANT_ONE_STEP_GROUPS {kernel.QUANT_ONE_STEP_GROUPS}, QUANT_GROUPS "
         f"{kernel.QUANT_GROUPS}, ROLES_MAX_PAIRS {kernel.ROLES_MAX_PAIRS}, PRESCAN_TILE_STARTS "
         f"{kernel.PRESCAN_TILE_STARTS}. -->",

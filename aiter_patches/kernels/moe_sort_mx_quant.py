@@ -103,12 +103,18 @@ from .fast_launch import Prepared, launch, run_prepared
 # small launches build the tables first, per chunk of ~CHUNK_PAIRS pairs.
 ONE_LAUNCH_MAX_PAIRS = 2048
 # ... and while the count's work, pairs x expert bins, stays within this (past the decode methods' pairs): the count
-# reads every pair into every bin. H100, same run: (896, 16) at 128 tokens (2048 pairs x 1024 bins) 17.6 -> 12.3 µs
-# prescanned; at 64 tokens (1024 x 1024) 9.9 against 10.3 and (256, 8) at 256 (2048 x 512) 16.8 against 16.8 keep
-# the count (docs/bench/moe_sort_quant_candidates_h200.md, issue 34)
-ONE_LAUNCH_MAX_PAIR_BINS = 1 << 20
+# reads every pair into every bin. H100, same run, against the prescanned launches with 64-pair rank chunks (below):
+# (896, 16) 128 tokens (2048 pairs x 1024 bins) 17.9 -> 11.1 µs, 64 tokens (1024 x 1024) 9.9 -> 9.1, (256, 8) 256
+# tokens (2048 x 512) 16.8 -> 15.6; 1024 x 512 ((256, 8) 128 tokens) keeps the count, 10.4 against 12.4
+# (docs/bench/moe_sort_quant_candidates_h200.md, issue 34)
+ONE_LAUNCH_MAX_PAIR_BINS = 1 << 19
 FUSED_QUANT_MAX_PAIRS = contract.STAGE1_FUSED_MAX_PAIRS  # AITER fuses the stage-1 quant up to it ("auto")
 CHUNK_PAIRS = 512
+# ... of at most this many pairs in token buckets up to SMALL_BATCH_MAX_TOKENS: more rank programs where a few
+# thousand pairs would make 4-8 chunks (H100, same run: (896, 16) 128 and 256 tokens 12.3 -> 11.1 and 12.6 -> 11.5 µs;
+# 128-pair chunks 11.2 and 11.7); prefill keeps CHUNK_PAIRS, whose scan walks chunks one after another
+SMALL_BATCH_CHUNK_PAIRS = 64
+SMALL_BATCH_MAX_TOKENS = 256
 # Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
 # (padded) pairs, by tl.sort above; 0 turns either off. Judged on the bucket's ceiling (padded to a
@@ -1061,7 +1067,8 @@ _plans: dict[tuple, "_SortPlan"] = {}
 
 def _tunables() -> tuple:
     """The module constants a plan is derived from (benchmarks and tests change them)."""
-    return (ONE_LAUNCH_MAX_PAIRS, ONE_LAUNCH_MAX_PAIR_BINS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
+    return (ONE_LAUNCH_MAX_PAIRS, ONE_LAUNCH_MAX_PAIR_BINS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, SMALL_BATCH_CHUNK_PAIRS,
+            SMALL_BATCH_MAX_TOKENS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
             DECODE_PER_BIN_MIN_BINS,
             DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
@@ -1159,7 +1166,7 @@ def _make_plan(key: tuple) -> _SortPlan:
     n_tiles = e_bins // e_tile
     tile_starts = prescanned and PRESCAN_TILE_STARTS and not quant
     if prescanned:
-        chunk_t = max(1, _prev_pow2(CHUNK_PAIRS // K))
+        chunk_t = _chunk_tokens(M, K, e_bins)
         n_chunks = _cdiv(M, chunk_t)
         pc = _next_pow2(chunk_t * K)
         rank = Prepared(_chunk_rank_kernel, (n_chunks,), _RANK_TENSORS, (None,) * 5 + (M, num_experts), dict(
@@ -1212,12 +1219,24 @@ def _prescanned(M: int, K: int, e_bins: int) -> bool:
     return max(M * K, 1) > _one_launch_max_pairs(e_bins)
 
 
+def _chunk_tokens(M: int, K: int, e_bins: int) -> int:
+    """Tokens per chunk of the rank tables of a prescanned batch: ``CHUNK_PAIRS`` pairs, at most
+    ``SMALL_BATCH_CHUNK_PAIRS`` in token buckets up to ``SMALL_BATCH_MAX_TOKENS`` (chosen for the bucket, so
+    one variant per bucket)."""
+    pairs = CHUNK_PAIRS
+    if _bucket_tokens(M, K, e_bins) <= SMALL_BATCH_MAX_TOKENS:
+        pairs = min(pairs, SMALL_BATCH_CHUNK_PAIRS)
+    return max(1, _prev_pow2(pairs // K))
+
+
 def _bucket_tokens(M: int, K: int, e_bins: int) -> int:
-    """The ceiling of ``M``'s bucket in ``TOKEN_BUCKETS``, within the launch path ``M`` takes (the
-    one-launch path ends at ``_one_launch_max_pairs(e_bins) // K`` tokens); never below ``M``."""
+    """The ceiling of ``M``'s bucket in ``TOKEN_BUCKETS``, within the launch path ``M`` takes (one-launch
+    buckets end at ``ONE_LAUNCH_MAX_PAIRS // K`` tokens whatever the experts: where the pair-bins end the path
+    sooner, a lower ceiling would change the variant, not only its tiles: at 256 experts, topk 8, 65-128
+    tokens, a ceiling of 128 turned the split roles on, 9.8 -> 10.5 µs on the H200); never below ``M``."""
     m_b = next((b for b in TOKEN_BUCKETS if b >= M), max(M, 1))
     if not _prescanned(M, K, e_bins):
-        m_b = max(min(m_b, _one_launch_max_pairs(e_bins) // K), M, 1)
+        m_b = max(min(m_b, ONE_LAUNCH_MAX_PAIRS // K), M, 1)
     return m_b
 
 

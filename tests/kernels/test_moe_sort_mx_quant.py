@@ -547,8 +547,9 @@ def test_decode_threshold_grows_with_expert_bins(monkeypatch):
 
 def test_the_one_launch_path_ends_where_the_count_passes_its_pair_bins(monkeypatch):
     """The per-program count reads every pair into every expert bin: past ONE_LAUNCH_MAX_PAIR_BINS
-    (pairs x bins) the prescanned launches take the batch, never below the decode methods' pairs; the
-    one-launch buckets end there too, so no one-launch variant is compiled for more pairs than it takes."""
+    (pairs x bins) the prescanned launches take the batch, never below the decode methods' pairs. The
+    one-launch buckets still end at ONE_LAUNCH_MAX_PAIRS, so the count's variants are those of every
+    expert count (a lower ceiling would turn the split roles on at 65-128 tokens, topk 8: slower)."""
     monkeypatch.setattr(k, "DECODE_MAX_PAIRS", 32)
     monkeypatch.setattr(k, "DECODE_PAIRS_PER_BIN", 0.5)
     monkeypatch.setattr(k, "DECODE_PER_BIN_MIN_BINS", 512)
@@ -558,10 +559,29 @@ def test_the_one_launch_path_ends_where_the_count_passes_its_pair_bins(monkeypat
         "sort", "count", "count", "prescanned", "prescanned"]  # 1024 bins: 1024 pairs
     assert [k.decode_path(M, 8, 256) for M in (256, 257)] == ["count", "prescanned"]  # 512 bins: 2048 pairs
     assert [k.decode_path(M, 8, 128) for M in (256, 257)] == ["count", "prescanned"]  # 256 bins: capped at 2048
-    assert [k.decode_path(M, 8, 2047) for M in (128, 129)] == ["sort", "prescanned"]  # 2048 bins: the sort's 1024
+    # 2048 bins: one launch up to the sort's 1024 pairs (the count there: the bucket of 256 tokens is 2048 pairs)
+    assert [k.decode_path(M, 8, 2047) for M in (64, 128, 129)] == ["sort", "count", "prescanned"]
     assert k._bucket_tokens(33, 16, 1024) == 64 and k._bucket_tokens(65, 16, 1024) == 256
+    monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIR_BINS", 1 << 19)
+    assert [k.decode_path(M, 8, 256) for M in (128, 129)] == ["count", "prescanned"]  # 512 bins: 1024 pairs
+    assert k._bucket_tokens(96, 8, 512) == 256  # the count's bucket as with fewer experts: no split roles
     monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIR_BINS", 1 << 21)
     assert k.decode_path(65, 16, 896) == "count" and k._bucket_tokens(65, 16, 1024) == 128
+
+
+def test_small_prescanned_batches_take_short_rank_chunks(monkeypatch):
+    """Prescanned batches in token buckets up to SMALL_BATCH_MAX_TOKENS rank chunks of SMALL_BATCH_CHUNK_PAIRS
+    pairs (more rank programs), never more than CHUNK_PAIRS; larger ones CHUNK_PAIRS. The shipped constants at
+    896 experts, 40 tokens: prescanned, 10 chunks of 4 tokens, the same bits as the reference."""
+    assert (k._chunk_tokens(40, 16, 1024), k._chunk_tokens(256, 16, 1024), k._chunk_tokens(257, 16, 1024)) == (
+        k.SMALL_BATCH_CHUNK_PAIRS // 16, k.SMALL_BATCH_CHUNK_PAIRS // 16, k.CHUNK_PAIRS // 16)
+    monkeypatch.setattr(k, "_plans", {})
+    for qd, sem in ((FP4, "auto"), (FP8, "split")):
+        run(40, 16, 896, 32, qd=qd, kind="skewed", semantics=sem)
+    plans = list(k._plans.values())
+    assert [p.rank.grid for p in plans] == [(10,), (10,)] and plans[1].tiles is not None
+    monkeypatch.setattr(k, "CHUNK_PAIRS", 32)
+    assert k._chunk_tokens(40, 16, 1024) == 2
 
 
 def test_few_expert_bins_take_the_count_from_64_pairs(monkeypatch):

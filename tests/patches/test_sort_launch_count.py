@@ -37,14 +37,16 @@ def test_launch_count_is_what_the_kernel_launches(monkeypatch, M, topk, qd, sem,
 
 
 @pytest.mark.parametrize("M,topk,E,qd,n", [
-    (64, 16, 896, None, 1),                          # 1024 pairs x 1024 bins: the count
-    (65, 16, 896, None, 3),                          # past 2^20 pair-bins: prescanned
-    (65, 16, 896, torch.float4_e2m1fn_x2, 3),        # auto up to 2048 pairs is fused: no scale tiles
-    (128, 16, 511, torch.float8_e4m3fn, 1),          # 512 bins: one launch up to 2048 pairs
+    (32, 16, 896, None, 1),                          # 512 pairs: the decode sort's (512 per 1024 bins)
+    (33, 16, 896, None, 3),                          # 528 pairs x 1024 bins, past 2^19 pair-bins: prescanned
+    (33, 16, 896, torch.float4_e2m1fn_x2, 3),        # auto up to 2048 pairs is fused: no scale tiles
+    (128, 8, 256, torch.float8_e4m3fn, 1),           # 1024 pairs x 512 bins: the count
+    (129, 8, 256, None, 3),
+    (256, 8, 128, None, 1),                          # 256 bins: one launch up to 2048 pairs
     (33, 16, 2048, None, 1),                         # 4096 bins: the decode methods take 2048 (per bin): one launch
 ])
 def test_many_experts_take_the_prescanned_launches_from_fewer_pairs(monkeypatch, M, topk, E, qd, n):
-    """With 1024 and more expert bins the per-program count of every pair into every bin passes
+    """With 512 and more expert bins the per-program count of every pair into every bin passes
     ONE_LAUNCH_MAX_PAIR_BINS before ONE_LAUNCH_MAX_PAIRS: the prescanned launches take the batch."""
     assert len(_counted(monkeypatch, M, topk, qd, "auto", E)) == n
     assert k.launch_count(M, topk, E, quant=qd is not None, fused=M * topk <= k.FUSED_QUANT_MAX_PAIRS) == n
