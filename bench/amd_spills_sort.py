@@ -3,9 +3,10 @@
 Why: no AMD GPU is reachable here, but Triton's AMD backend compiles without one. The launcher
 is driven with CPU tensors at each model's decode sizes; its ``_sort_quant_kernel`` launch is
 recorded instead of run (arguments and constexprs), then compiled for each arch and the AMDGPU
-metadata read from the assembly (LDS: the kernel's dynamic shared memory). Shapes past
-ONE_LAUNCH_MAX_PAIRS (four launches) are skipped. ``--variants old`` shows the per-program
-expert count that the decode path replaced (DECODE_MAX_PAIRS = 0).
+metadata read from the assembly (LDS: the kernel's dynamic shared memory). Shapes that take the
+prescanned launches (past ONE_LAUNCH_MAX_PAIRS pairs, or ONE_LAUNCH_MAX_PAIR_BINS pairs x expert bins)
+are skipped. ``--variants old`` shows the per-program expert count that the decode path replaced
+(DECODE_MAX_PAIRS = 0).
 
     python bench/amd_spills_sort.py [--arch gfx950,gfx942] [--tokens 1,16,64] [--variants new,old]
 """
@@ -89,16 +90,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="gfx950,gfx942")
     ap.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256")
-    ap.add_argument("--variants", default="new", help="new (module defaults) and/or old (DECODE_MAX_PAIRS=0)")
+    ap.add_argument("--variants", default="new", help="new (module defaults) and/or old (DECODE_MAX_PAIRS=0, one launch to 2048 pairs)")
     ap.add_argument("--mask", action="store_true", help="with an expert mask (EP)")
     args = ap.parse_args()
     print("| variant | arch | experts | topk | hidden | tokens | path | VGPRs | SGPRs | SGPR spills "
           "| VGPR spills | scratch B | LDS B |")
     print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    default_max, default_per_bin = k.DECODE_MAX_PAIRS, k.DECODE_PAIRS_PER_BIN
+    default_max, default_per_bin, default_bins = k.DECODE_MAX_PAIRS, k.DECODE_PAIRS_PER_BIN, k.ONE_LAUNCH_MAX_PAIR_BINS
     for variant in args.variants.split(","):
         k.DECODE_MAX_PAIRS = default_max if variant == "new" else 0
         k.DECODE_PAIRS_PER_BIN = default_per_bin if variant == "new" else 0
+        k.ONE_LAUNCH_MAX_PAIR_BINS = default_bins if variant == "new" else 1 << 30  # old: one launch to 2048 pairs
         for E, K, N in MODELS:
             for M in map(int, args.tokens.split(",")):
                 path = k.decode_path(M, K, E)
@@ -109,7 +111,7 @@ def main():
                     s = compile_stats(fn, a, kw, arch)
                     print(f"| {variant} | {arch} | {E} | {K} | {N} | {M} | {path} | {s['vgpr']} | {s['sgpr']} "
                           f"| {s['sgpr_spill']} | {s['vgpr_spill']} | {s['scratch']} | {s['lds']} |", flush=True)
-    k.DECODE_MAX_PAIRS, k.DECODE_PAIRS_PER_BIN = default_max, default_per_bin
+    k.DECODE_MAX_PAIRS, k.DECODE_PAIRS_PER_BIN, k.ONE_LAUNCH_MAX_PAIR_BINS = default_max, default_per_bin, default_bins
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ SGLANG_TOKENS = [1, 2, 4, 8, 16, 32]
 DEV = "cuda"  # tests run the whole table on CPU (interpreter) with graph_us replaced
 _ALL = kernel.ONE_LAUNCH_MAX_PAIRS
 FORCED = {  # module constants per measured method (the rest as configured)
-    "old": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0),
+    "old": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, ONE_LAUNCH_MAX_PAIR_BINS=1 << 30),
     "sort": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0),
     "sort-16w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=16),
     "compare": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL),
@@ -81,7 +81,7 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "sort-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=0, DECODE_NUM_WARPS=8),
     "compare-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=8),
     "compare-16k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=16384),
-    "old-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
+    "old-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False, ONE_LAUNCH_MAX_PAIR_BINS=1 << 30),
     # the buckets of one and two tokens (docs/bench/moe_sort_quant_buckets_h200.md)
     "prev": dict(TOKEN_BUCKETS=(4, 8, 16, 32, 64, 256, 1024)),
     # fewer warps, and the row work's split (more programs per row)
@@ -117,7 +117,7 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "split256": dict(ROW_SPLIT_PROGRAMS=256),
     "split64": dict(ROW_SPLIT_PROGRAMS=64),
     "w8": dict(DECODE_NUM_WARPS=8),
-    # the prescanned launches (rank, scan, sort) from 32 pairs on, with rank chunks of 512, 128 and 64 pairs (more
+    # the prescanned launches (rank, scan, sort) from 17 pairs on, with rank chunks of 512, 128 and 64 pairs (more
     # rank programs at a few thousand pairs); `one`: the one-launch path to 2048 pairs whatever the experts;
     # `bins20`: to 2^20 pair-bins; `c512`, `c128`: the small batches' rank chunks of 512, 128 pairs
     "pre": dict(ONE_LAUNCH_MAX_PAIRS=16, SMALL_BATCH_CHUNK_PAIRS=512),

@@ -115,6 +115,7 @@ CHUNK_PAIRS = 512
 # 128-pair chunks 11.2 and 11.7); prefill keeps CHUNK_PAIRS, whose scan walks chunks one after another
 SMALL_BATCH_CHUNK_PAIRS = 64
 SMALL_BATCH_MAX_TOKENS = 256
+SMALL_BATCH_MIN_CHUNK_TOKENS = 4  # ... and never fewer tokens than this (measured: topk 8, 9, 16: 8, 4, 4 tokens)
 # Decode: up to DECODE_MAX_PAIRS pairs every program sorts all pairs itself (work independent of
 # the expert count), by comparing every pair with every other up to DECODE_COMPARE_MAX_PAIRS
 # (padded) pairs, by tl.sort above; 0 turns either off. Judged on the bucket's ceiling (padded to a
@@ -1068,7 +1069,7 @@ _plans: dict[tuple, "_SortPlan"] = {}
 def _tunables() -> tuple:
     """The module constants a plan is derived from (benchmarks and tests change them)."""
     return (ONE_LAUNCH_MAX_PAIRS, ONE_LAUNCH_MAX_PAIR_BINS, FUSED_QUANT_MAX_PAIRS, CHUNK_PAIRS, SMALL_BATCH_CHUNK_PAIRS,
-            SMALL_BATCH_MAX_TOKENS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
+            SMALL_BATCH_MAX_TOKENS, SMALL_BATCH_MIN_CHUNK_TOKENS, DECODE_MAX_PAIRS, DECODE_PAIRS_PER_BIN,
             DECODE_PER_BIN_MIN_BINS,
             DECODE_COMPARE_MAX_PAIRS, DECODE_COMPARE_TILE, DECODE_SORT_SELECT, DECODE_NUM_WARPS, COUNT_NUM_WARPS, COUNT_GATHER, DECODE_MIN_PAIRS_PAD,
             DEFER_QUANT_MATH, QUANT_ONE_STEP_GROUPS, DECODE_COMPARE_T_MIN_PAIRS, DECODE_COMPARE_T_WARPS,
@@ -1220,13 +1221,14 @@ def _prescanned(M: int, K: int, e_bins: int) -> bool:
 
 
 def _chunk_tokens(M: int, K: int, e_bins: int) -> int:
-    """Tokens per chunk of the rank tables of a prescanned batch: ``CHUNK_PAIRS`` pairs, at most
-    ``SMALL_BATCH_CHUNK_PAIRS`` in token buckets up to ``SMALL_BATCH_MAX_TOKENS`` (chosen for the bucket, so
-    one variant per bucket)."""
-    pairs = CHUNK_PAIRS
-    if _bucket_tokens(M, K, e_bins) <= SMALL_BATCH_MAX_TOKENS:
-        pairs = min(pairs, SMALL_BATCH_CHUNK_PAIRS)
-    return max(1, _prev_pow2(pairs // K))
+    """Tokens per chunk of the rank tables of a prescanned batch: ``CHUNK_PAIRS`` pairs; in token buckets up
+    to ``SMALL_BATCH_MAX_TOKENS`` (chosen for the bucket, so one variant per bucket) at most
+    ``SMALL_BATCH_CHUNK_PAIRS`` but no fewer than ``SMALL_BATCH_MIN_CHUNK_TOKENS`` tokens (a wide topk does not
+    make a chunk, and a row of the rank tables, per token)."""
+    full = max(1, _prev_pow2(CHUNK_PAIRS // K))
+    if _bucket_tokens(M, K, e_bins) > SMALL_BATCH_MAX_TOKENS:
+        return full
+    return min(full, max(_prev_pow2(max(SMALL_BATCH_CHUNK_PAIRS // K, 1)), SMALL_BATCH_MIN_CHUNK_TOKENS))
 
 
 def _bucket_tokens(M: int, K: int, e_bins: int) -> int:

@@ -386,8 +386,10 @@ def test_split_roles(monkeypatch, roles):
 
 
 DECODE_PATHS = {  # module constants that force each one-launch position method (name: path-variant)
-    "count": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=True),
-    "count-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False),
+    # the count on one launch up to ONE_LAUNCH_MAX_PAIRS whatever the experts (not the pair-bins' bound)
+    "count": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=True, ONE_LAUNCH_MAX_PAIR_BINS=1 << 30),
+    "count-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False,
+                         ONE_LAUNCH_MAX_PAIR_BINS=1 << 30),
     "compare": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=16384,
                     DECODE_COMPARE_T_MIN_PAIRS=1 << 30),
     "compare-tiled": dict(DECODE_MAX_PAIRS=2048, DECODE_COMPARE_MAX_PAIRS=2048, DECODE_COMPARE_TILE=64,
@@ -405,7 +407,7 @@ METHODS = list(DECODE_PATHS)
 def force_path(monkeypatch, path, M, K):
     for name, val in DECODE_PATHS[path].items():
         monkeypatch.setattr(k, name, val)
-    assert k.decode_path(M, K) == path.split("-")[0]
+    assert {k.decode_path(M, K, E) for E in (1, 256, 896, 2048)} == {path.split("-")[0]}
 
 
 def dup_routing(M, K, E, seed=0):
@@ -581,7 +583,20 @@ def test_small_prescanned_batches_take_short_rank_chunks(monkeypatch):
     plans = list(k._plans.values())
     assert [p.rank.grid for p in plans] == [(10,), (10,)] and plans[1].tiles is not None
     monkeypatch.setattr(k, "CHUNK_PAIRS", 32)
-    assert k._chunk_tokens(40, 16, 1024) == 2
+    assert k._chunk_tokens(40, 16, 1024) == 2  # never more pairs than CHUNK_PAIRS
+
+
+def test_wide_topk_small_batches_rank_at_least_four_tokens_a_chunk(monkeypatch):
+    """topk 40 in a small bucket: 64 pairs would be one token a chunk (a row of the rank tables per
+    token); SMALL_BATCH_MIN_CHUNK_TOKENS keeps 4. 30 tokens x 300 experts: prescanned (1200 pairs x 512
+    bins), 8 chunks, the same bits as the reference, fused and split."""
+    assert k._chunk_tokens(30, 40, 512) == k.SMALL_BATCH_MIN_CHUNK_TOKENS == 4
+    assert k._chunk_tokens(300, 40, 512) == 8  # above the small buckets: 512 pairs
+    monkeypatch.setattr(k, "_plans", {})
+    run(30, 40, 300, 32, qd=FP4, kind="skewed")
+    run(30, 40, 300, 64, qd=FP8, semantics="split", mask=(torch.arange(300, device=DEV) % 5 != 2).to(torch.int32),
+        nlt=torch.tensor([27], dtype=torch.int32, device=DEV))
+    assert [p.rank.grid for p in k._plans.values()] == [(8,), (8,)]
 
 
 def test_few_expert_bins_take_the_count_from_64_pairs(monkeypatch):

@@ -96,7 +96,8 @@ PREDICTIONS = [
     ("Swiglu (separated), M < 256, AITER's sort one-shot", "mxfp4-swiglu-separated-small-m-oneshot-sort",
      "AITER (counted)", "bf16 stage 1; AITER's one-shot sort already zero-fills moe_buf in one launch"),
     ("Swiglu (separated), M < 256, AITER's sort multi-phase", "mxfp4-swiglu-separated-small-m-two-launch-sort",
-     "sort only", "bf16 stage 1; AITER's sort takes two launches, the one-launch sort one"),
+     "sort only", "bf16 stage 1; AITER's sort takes two launches, the one-launch sort one (with under 256 experts, "
+     "today's such models; with 256-2047, past 512-1024 routing pairs it takes three and the call is AITER's, counted)"),
     ("pre-quantized dispatch (vLLM MoRI/DeepEP): a1_scale given, num_local_tokens", "mxfp4-prequant-dispatch-a1-scale",
      "quant fp4", "bf16 activations: AITER ignores a1_scale at stage 1 and quantizes (num_rows=num_local_tokens)"),
 ]
