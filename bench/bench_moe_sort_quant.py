@@ -82,7 +82,7 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "compare-8w": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_NUM_WARPS=8),
     "compare-16k": dict(DECODE_MAX_PAIRS=_ALL, DECODE_COMPARE_MAX_PAIRS=_ALL, DECODE_COMPARE_TILE=16384),
     "old-onehot": dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, COUNT_GATHER=False, ONE_LAUNCH_MAX_PAIR_BINS=1 << 30),
-    # the buckets of one and two tokens (docs/bench/moe_sort_quant_buckets_h200.md)
+    # the buckets of one and two tokens (git show 7977657:docs/bench/moe_sort_quant_buckets_h200.md)
     "prev": dict(TOKEN_BUCKETS=(4, 8, 16, 32, 64, 256, 1024)),
     # fewer warps, and the row work's split (more programs per row)
     "w1": dict(DECODE_NUM_WARPS=1),

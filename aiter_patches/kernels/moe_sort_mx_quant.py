@@ -1210,8 +1210,14 @@ def _one_launch_max_pairs(e_bins: int) -> int:
     """The most routing pairs the one-launch path takes with ``e_bins`` expert bins:
     ``ONE_LAUNCH_MAX_PAIRS``, less where the per-program count would pass ``ONE_LAUNCH_MAX_PAIR_BINS``
     (never below the pairs the E-independent decode methods take)."""
+    return min(ONE_LAUNCH_MAX_PAIRS, max(ONE_LAUNCH_MAX_PAIR_BINS // e_bins, _decode_max_pairs(e_bins)))
+
+
+def _decode_max_pairs(e_bins: int) -> int:
+    """The most pairs (a bucket's ceiling) the E-independent decode methods take with ``e_bins`` expert bins:
+    ``DECODE_MAX_PAIRS``, or ``DECODE_PAIRS_PER_BIN`` per bin from ``DECODE_PER_BIN_MIN_BINS`` bins."""
     per_bin = DECODE_PAIRS_PER_BIN * e_bins if e_bins >= DECODE_PER_BIN_MIN_BINS else 0
-    return min(ONE_LAUNCH_MAX_PAIRS, max(ONE_LAUNCH_MAX_PAIR_BINS // e_bins, DECODE_MAX_PAIRS, int(per_bin)))
+    return max(DECODE_MAX_PAIRS, int(per_bin))
 
 
 def _prescanned(M: int, K: int, e_bins: int) -> bool:
@@ -1280,8 +1286,7 @@ def _sort_params(pairs: int, e_bins: int, k_pad: int, prescanned: bool) -> dict:
     decode sort or comparison (up to ``DECODE_MAX_PAIRS`` pairs), or the per-program expert count;
     parameters a path does not read stay fixed, so they never cause a recompile."""
     decode, pp = 0, 1
-    per_bin = DECODE_PAIRS_PER_BIN * e_bins if e_bins >= DECODE_PER_BIN_MIN_BINS else 0
-    if not prescanned and pairs <= max(DECODE_MAX_PAIRS, per_bin):
+    if not prescanned and pairs <= _decode_max_pairs(e_bins):
         pp = max(_next_pow2(pairs), DECODE_MIN_PAIRS_PAD)
         decode = 2 if pp <= DECODE_COMPARE_MAX_PAIRS else 1
     select = decode == 1 and DECODE_SORT_SELECT

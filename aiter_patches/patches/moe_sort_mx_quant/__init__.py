@@ -194,7 +194,7 @@ def _verdict_key(step, call):
                 python_level_reason, sort_only_reason, aiter_sort_launches,
                 getattr(sys.modules.get("aiter"), "moe_sorting_opus_get_workspace_size", None),
                 kernel.unsupported_reason, kernel.launch_count, kernel.MAX_TOPK, kernel.MAX_EXPERTS,
-                kernel.MAX_MODEL_DIM, kernel.ONE_LAUNCH_MAX_PAIRS, kernel.ONE_LAUNCH_MAX_PAIR_BINS, kernel.INT32_LIMIT, kernel.run_kept,
+                kernel.MAX_MODEL_DIM, kernel.INT32_LIMIT, kernel.run_kept,
                 kernel.plan_key_reads()), tensors  # the kept kernel plan's own key reads (tunables, kernels)
     except call_key.Unkeyable:
         return None, ()
