@@ -127,6 +127,15 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "bins20": dict(ONE_LAUNCH_MAX_PAIR_BINS=1 << 20),
     "c512": dict(SMALL_BATCH_CHUNK_PAIRS=512),
     "c128": dict(SMALL_BATCH_CHUNK_PAIRS=128),
+    # issue 34, the last gaps: 1-8 tokens beside SGLang and (896, 16) 8 tokens (fewer routing programs per row,
+    # narrower decode launches), 33-64 tokens (the count's warps), prefill (8 warps for every quant step,
+    # longer or shorter rank chunks)
+    "route-div2": dict(ROUTE_SPLIT_DIV=2),
+    "count-8w": dict(COUNT_NUM_WARPS=8),
+    "count-16w": dict(COUNT_NUM_WARPS=16),
+    "wide512": dict(WIDE_ROW_ELEMS=512),
+    "chunk1024": dict(CHUNK_PAIRS=1024),
+    "chunk256": dict(CHUNK_PAIRS=256),
 }
 CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k,prev"
 
@@ -182,7 +191,8 @@ class Row:
         batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
         path = kernel.decode_path(M, K, E)
         chunk = kernel._chunk_tokens(M, K, kernel._next_pow2(E + 1)) if path == "prescanned" else 0  # the rank launch's
-        return (path, quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH, chunk)
+        return (path, quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH, chunk,
+                kernel.WIDE_ROW_ELEMS)  # the launch's warps where the batch leaves them to the row work
 
     def pairs_pad(self) -> int:
         """The decode methods' padded pair count for this row (0 on the other paths)."""

@@ -160,6 +160,11 @@ QUANT_ONE_STEP_GROUPS = 128
 # ((896, 16) 128 tokens 17.41 -> 21.19, (128, 8) 128 tokens 7.82 -> 6.98); slower in prefill ((256, 8, 7168)
 # 8192 tokens 160.98 -> 181.13; with 128-group data shares 169.89); ROUTE_SPLIT_DIV 4 or 16 and
 # DATA_MAX_GROUPS 16 or 32 no better at 1-32 tokens. Launch counts unchanged (one grid, more columns).
+# DATA_MAX_GROUPS 128 (half the data programs where a row-split program has more than 64 groups: the 64-token
+# bucket past 4096 hidden, 32 past 8192, the one-launch 128-256 past 2048) was faster on an H100 ((256, 8, 7168)
+# 48 and 64 tokens 6.31 -> 5.57 and 6.68 -> 6.04 µs, other rows at 8-64 tokens within 0.01;
+# docs/bench/moe_sort_quant_candidates_h200.md, "the last gaps") but its 128-group data programs have not run on
+# a GPU at full size, so 64 stays until they have
 ROLES_MAX_PAIRS = 1024
 ROLES_PRESCANNED = False
 ROUTE_SPLIT_DIV = 1
@@ -746,7 +751,7 @@ def _chunk_rank_kernel(ids_ptr, mask_ptr, nlt_ptr, hist_ptr, rank_ptr, M, E,
     lo = c * CHUNK_T * K
     hi = tl.minimum(lo + CHUNK_T * K, T * K)
     i = tl.arange(0, PC)
-    e, keep = _expert_bins(ids_ptr, mask_ptr, lo + i, hi, E, E_BINS, HAS_MASK)
+    e, _ = _expert_bins(ids_ptr, mask_ptr, lo + i, hi, E, E_BINS, HAS_MASK)  # dropped, dead: the last bin
     hist_row = hist_ptr + c * E_BINS
     tl.store(hist_row + tl.arange(0, E_BINS), tl.zeros([E_BINS], tl.int32))
     key = tl.sort((e << PC_BITS) | i)

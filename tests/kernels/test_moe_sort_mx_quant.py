@@ -359,6 +359,19 @@ def test_one_step_shares_over_column_slices(monkeypatch, roles, defer, N, split,
     run(3, 4, 16, 16, N=N, qd=FP8NUZ, semantics="split", nlt=torch.tensor([9], dtype=torch.int32, device=DEV))
 
 
+def test_data_programs_of_128_groups(monkeypatch):
+    """``DATA_MAX_GROUPS`` 128 (issue 34's candidate, faster on an H100 at 48-64 tokens): two data programs of one
+    128-group step for a 129-group row (the second holds one real group), beside two routing programs."""
+    set_constants(monkeypatch, ROLES["on"])
+    monkeypatch.setattr(k, "DATA_MAX_GROUPS", 128)
+    monkeypatch.setattr(k, "ROW_SPLIT_PROGRAMS", 1)
+    monkeypatch.setattr(k, "MIN_ROW_SPLIT", 2)
+    p = k._batch_params(3, 4, 16, 4, 256, True, 96)
+    assert (p["ROUTE_PROGRAMS"], p["fill_split"], p["G_DTILE"], p["QG_D"]) == (2, 2, 128, 128)
+    run(3, 4, 16, 16, N=4128, qd=FP4, xkind="special")
+    run(3, 4, 16, 32, N=4128, qd=FP8, semantics="fused", nlt=torch.tensor([2], dtype=torch.int32, device=DEV))
+
+
 @pytest.mark.parametrize("roles", list(ROLES))
 def test_split_roles(monkeypatch, roles):
     """The row work in data programs of its own (``ROUTE_PROGRAMS`` > 0) or in the routing programs, with
@@ -753,6 +766,22 @@ def test_gpu_decode_paths(monkeypatch, path, M):
     run(M, 16, 896, 64, 3584, FP8, kind="skewed", mask=mask, nlt=nlt, init=True, seed=M)
     run(M, 8, 256, 32, 7168, FP4, kind="bad", nlt=nlt, seed=M)
     run(M, 8, 256, 16, 7168, None, kind="skewed", seed=M)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M,K,E,N", [(33, 8, 256, 7168), (64, 8, 256, 7168), (64, 4, 128, 6144),
+                                     (200, 4, 128, 6144)])
+def test_gpu_data_programs_of_128_groups(monkeypatch, M, K, E, N):
+    """``DATA_MAX_GROUPS`` 128 at full size (issue 34's candidate; 64 ships until this passes on a GPU): the
+    64-token bucket past 4096 hidden and the one-launch 256-token bucket, two data programs of 128 groups a row."""
+    monkeypatch.setattr(k, "DATA_MAX_GROUPS", 128)
+    assert k._batch_params(M, K, k._next_pow2(E + 1), k._next_pow2(K), 256, True, N)["G_DTILE"] == 128
+    mask = (torch.arange(E, device=DEV) % 5 != 2).to(torch.int32)
+    nlt = torch.tensor([M - 3], dtype=torch.int32, device=DEV)
+    run(M, K, E, 32, N, FP4, kind="skewed", xkind="special", seed=M)
+    run(M, K, E, 64, N, FP8, kind="bad", mask=mask, nlt=nlt, init=True, seed=M + 1)
+    run(M, K, E, 16, N, FP8NUZ, semantics="split", seed=M + 2)
 
 
 def test_split_scales_never_read_past_the_compact_rows(monkeypatch):
