@@ -191,8 +191,9 @@ class Row:
         batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
         path = kernel.decode_path(M, K, E)
         chunk = kernel._chunk_tokens(M, K, kernel._next_pow2(E + 1)) if path == "prescanned" else 0  # the rank launch's
+        warps = batch["warps"] or (4 if max(batch["QG"], batch["QG_D"]) * 32 <= kernel.WIDE_ROW_ELEMS else 8)
         return (path, quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH, chunk,
-                kernel.WIDE_ROW_ELEMS)  # the launch's warps where the batch leaves them to the row work
+                warps)  # the sort launch's warps as _make_plan picks them where the batch leaves them to the row work
 
     def pairs_pad(self) -> int:
         """The decode methods' padded pair count for this row (0 on the other paths)."""

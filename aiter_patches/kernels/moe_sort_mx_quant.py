@@ -160,9 +160,10 @@ QUANT_ONE_STEP_GROUPS = 128
 # ((896, 16) 128 tokens 17.41 -> 21.19, (128, 8) 128 tokens 7.82 -> 6.98); slower in prefill ((256, 8, 7168)
 # 8192 tokens 160.98 -> 181.13; with 128-group data shares 169.89); ROUTE_SPLIT_DIV 4 or 16 and
 # DATA_MAX_GROUPS 16 or 32 no better at 1-32 tokens. Launch counts unchanged (one grid, more columns).
-# DATA_MAX_GROUPS 128 (half the data programs where a row-split program has more than 64 groups: the 64-token
-# bucket past 4096 hidden, 32 past 8192, the one-launch 128-256 past 2048) was faster on an H100 ((256, 8, 7168)
-# 48 and 64 tokens 6.31 -> 5.57 and 6.68 -> 6.04 µs, other rows at 8-64 tokens within 0.01;
+# DATA_MAX_GROUPS 128 (half the data programs where a row-split program has more than 64 groups: the 16-, 32- and
+# 64-token buckets past 16384, 8192 and 4096 hidden; the one-launch 256-token bucket at topk <= 4, and 1024 at
+# topk 1, past 2048) was faster on an H100 ((256, 8, 7168) 48 and 64 tokens 6.31 -> 5.57 and 6.68 -> 6.04 µs,
+# (128, 4, 6144) 48 tokens 3.70 -> 3.59, other rows at 8-64 tokens within 0.01;
 # docs/bench/moe_sort_quant_candidates_h200.md, "the last gaps") but its 128-group data programs have not run on
 # a GPU at full size, so 64 stays until they have
 ROLES_MAX_PAIRS = 1024

@@ -302,7 +302,7 @@ def nothing_to_save(step) -> str | None:
     counted as the full gate counts it (not remembered: asked again next call). None: the full gate
     decides (arguments the pin does not explain, a flag that is set, or any of the values read here,
     ``num_experts``, ``dispatch_policy``, ``use_opus``, ``output_aux``, ``return_local_topk_ids``, not a
-    Python value, AITER's sort more than one launch, torch.compile tracing). The other values the full
+    Python value, AITER's sort in more launches than ours, torch.compile tracing). The other values the full
     gate reads (``model_dim``, ``block_size``, ``accumulate``) are not read here: given as tensors, such a
     call is counted "nothing saved" where the full gate counts "is a tensor", AITER's either way. The kernel's
     module constants, which ``launch_count`` reads, are not in the remembered answer's key: only benchmarks and
