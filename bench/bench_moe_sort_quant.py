@@ -109,6 +109,7 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "no-roles": dict(ROLES_MAX_PAIRS=0, ROLES_PRESCANNED=False),
     "roles-decode": dict(ROLES_MAX_PAIRS=64, ROLES_PRESCANNED=False),
     "roles-one": dict(ROLES_MAX_PAIRS=_ALL, ROLES_PRESCANNED=False),
+    "route-div2": dict(ROUTE_SPLIT_DIV=2),
     "route-div4": dict(ROUTE_SPLIT_DIV=4),
     "route-div16": dict(ROUTE_SPLIT_DIV=16),
     "data-16": dict(DATA_MAX_GROUPS=16),
@@ -117,6 +118,8 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "split256": dict(ROW_SPLIT_PROGRAMS=256),
     "split64": dict(ROW_SPLIT_PROGRAMS=64),
     "w8": dict(DECODE_NUM_WARPS=8),
+    "count-8w": dict(COUNT_NUM_WARPS=8),  # the one-launch count only
+    "wide512": dict(WIDE_ROW_ELEMS=512),  # 8 warps for every quant step
     # the prescanned launches (rank, scan, sort) from 17 pairs on, with rank chunks of 512, 128 and 64 pairs (more
     # rank programs at a few thousand pairs); `one`: the one-launch path to 2048 pairs whatever the experts;
     # `bins20`: to 2^20 pair-bins; `c512`, `c128`: the small batches' rank chunks of 512, 128 pairs
@@ -127,14 +130,7 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "bins20": dict(ONE_LAUNCH_MAX_PAIR_BINS=1 << 20),
     "c512": dict(SMALL_BATCH_CHUNK_PAIRS=512),
     "c128": dict(SMALL_BATCH_CHUNK_PAIRS=128),
-    # issue 34, the last gaps: 1-8 tokens beside SGLang and (896, 16) 8 tokens (fewer routing programs per row,
-    # narrower decode launches), 33-64 tokens (the count's warps), prefill (8 warps for every quant step,
-    # longer or shorter rank chunks)
-    "route-div2": dict(ROUTE_SPLIT_DIV=2),
-    "count-8w": dict(COUNT_NUM_WARPS=8),
-    "count-16w": dict(COUNT_NUM_WARPS=16),
-    "wide512": dict(WIDE_ROW_ELEMS=512),
-    "chunk1024": dict(CHUNK_PAIRS=1024),
+    "chunk1024": dict(CHUNK_PAIRS=1024),  # prefill's rank chunks
     "chunk256": dict(CHUNK_PAIRS=256),
 }
 CANDIDATES = "main,coarse,old,old-onehot,sort,sort-reload,sort-8w,sort-16w,compare,compare-8w,compare-16k,prev"
@@ -191,9 +187,8 @@ class Row:
         batch = kernel._batch_params(M, K, kernel._next_pow2(E + 1), kernel._next_pow2(K), g_pad, quant, N)
         path = kernel.decode_path(M, K, E)
         chunk = kernel._chunk_tokens(M, K, kernel._next_pow2(E + 1)) if path == "prescanned" else 0  # the rank launch's
-        warps = batch["warps"] or (4 if max(batch["QG"], batch["QG_D"]) * 32 <= kernel.WIDE_ROW_ELEMS else 8)
         return (path, quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH, chunk,
-                warps)  # the sort launch's warps as _make_plan picks them where the batch leaves them to the row work
+                kernel.sort_warps(batch))
 
     def pairs_pad(self) -> int:
         """The decode methods' padded pair count for this row (0 on the other paths)."""

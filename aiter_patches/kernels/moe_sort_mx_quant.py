@@ -1186,8 +1186,8 @@ def _make_plan(key: tuple) -> _SortPlan:
     compact_scales = prescanned and quant and not fused
     g_pad = _next_pow2(G)
     batch = _batch_params(M, K, e_bins, k_pad, g_pad, quant, model_dim)
-    split, fill_split, warps = batch.pop("split"), batch.pop("fill_split"), batch.pop("warps")
-    qg = max(batch["QG"], batch["QG_D"])
+    warps = sort_warps(batch)
+    split, fill_split, _ = batch.pop("split"), batch.pop("fill_split"), batch.pop("warps")
     args = [None] * 23
     args[9], args[14] = x_stride, init_stride
     args[19:23] = (M, num_experts, model_dim, G)
@@ -1202,7 +1202,7 @@ def _make_plan(key: tuple) -> _SortPlan:
         PRESCANNED=prescanned, CHUNK_T=chunk_t, COMPACT_SCALES=compact_scales, DEFER_QUANT=DEFER_QUANT_MATH,
         TILE_STARTS=tile_starts, E_TILE=e_tile if prescanned else 1,
         N_TILES=n_tiles if prescanned else 1,
-        num_warps=warps or (4 if qg * 32 <= WIDE_ROW_ELEMS else 8),
+        num_warps=warps,
     ))
     if compact_scales:
         tiles = Prepared(_scale_tiles_kernel, (scale_rows // 32,), _TILES_TENSORS, (None,) * 4 + (G, M),
@@ -1278,6 +1278,12 @@ def _batch_params(M: int, K: int, e_bins: int, k_pad: int, g_pad: int, quant: bo
                     QG=_quant_step(g_tile), G_DTILE=g_dtile, QG_D=_quant_step(g_dtile), **sort)
     return dict(split=split, fill_split=split, ROUTE_PROGRAMS=0, G_TILE=g_tile, QG=_quant_step(g_tile),
                 G_DTILE=1, QG_D=1, **sort)
+
+
+def sort_warps(batch: dict) -> int:
+    """The sort launch's warps for :func:`_batch_params`' answer: the position method's, else 4 while a quant
+    step holds at most ``WIDE_ROW_ELEMS`` elements, else 8 (the benchmark keys its timings by it)."""
+    return batch["warps"] or (4 if max(batch["QG"], batch["QG_D"]) * 32 <= WIDE_ROW_ELEMS else 8)
 
 
 def _quant_step(g_tile: int) -> int:
