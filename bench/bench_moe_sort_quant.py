@@ -114,6 +114,7 @@ FORCED = {  # module constants per measured method (the rest as configured)
     "route-div16": dict(ROUTE_SPLIT_DIV=16),
     "data-16": dict(DATA_MAX_GROUPS=16),
     "data-32": dict(DATA_MAX_GROUPS=32),
+    "data-64": dict(DATA_MAX_GROUPS=64),
     "data-128": dict(DATA_MAX_GROUPS=128),
     "split256": dict(ROW_SPLIT_PROGRAMS=256),
     "split64": dict(ROW_SPLIT_PROGRAMS=64),

@@ -22,7 +22,8 @@ from aiter_patches.reference.blockscale_gemm import shuffle_weight_16x16  # noqa
 
 def sort_cases(dev):
     for M, E, topk, dim, block in [(0, 8, 2, 256, 32), (1, 256, 8, 7168, 32), (37, 513, 11, 2048, 16),
-                                   (300, 896, 16, 3584, 128), (2100, 256, 8, 7168, 64)]:
+                                   (300, 896, 16, 3584, 128), (2100, 256, 8, 7168, 64),
+                                   (64, 256, 8, 7168, 32), (200, 128, 4, 6144, 32)]:  # 128-, 256-group data programs
         ids = torch.randint(0, E, (M, topk), device=dev, dtype=torch.int32)
         if M:
             ids[0, 0] = -1

@@ -160,16 +160,16 @@ QUANT_ONE_STEP_GROUPS = 128
 # ((896, 16) 128 tokens 17.41 -> 21.19, (128, 8) 128 tokens 7.82 -> 6.98); slower in prefill ((256, 8, 7168)
 # 8192 tokens 160.98 -> 181.13; with 128-group data shares 169.89); ROUTE_SPLIT_DIV 4 or 16 and
 # DATA_MAX_GROUPS 16 or 32 no better at 1-32 tokens. Launch counts unchanged (one grid, more columns).
-# DATA_MAX_GROUPS 128 (half the data programs where a row-split program has more than 64 groups: the 16-, 32- and
-# 64-token buckets past 16384, 8192 and 4096 hidden; the one-launch 256-token bucket at topk <= 4, and 1024 at
-# topk 1, past 2048) was faster on an H100 ((256, 8, 7168) 48 and 64 tokens 6.31 -> 5.57 and 6.68 -> 6.04 µs,
-# (128, 4, 6144) 48 tokens 3.70 -> 3.59, other rows at 8-64 tokens within 0.01;
-# docs/bench/moe_sort_quant_candidates_h200.md, "the last gaps") but its 128-group data programs have not run on
-# a GPU at full size, so 64 stays until they have
+# DATA_MAX_GROUPS 256 (issue 34; H100, docs/bench/moe_sort_quant_h200.md "Data programs of up to 256 groups"): fewer
+# data programs where a row-split program has more than 64 groups (the 16-, 32- and 64-token buckets past 16384,
+# 8192 and 4096 hidden; the one-launch 256-token bucket at topk <= 4, 1024 at topk 1, past 2048). Against 64:
+# (256, 8, 7168) 48 and 64 tokens 6.28 -> 5.55 and 6.69 -> 6.04 µs, (128, 4, 6144) 128 and 256 tokens 6.84 -> 5.97
+# and 8.15 -> 7.87, other rows at 1-256 tokens within 0.1. 128 was as fast at 48-64 tokens but slower than 64 at
+# (128, 4, 6144) 65-256 tokens (6.09 against 5.81 at 65), where 256 gives one looped data program a row.
 ROLES_MAX_PAIRS = 1024
 ROLES_PRESCANNED = False
 ROUTE_SPLIT_DIV = 1
-DATA_MAX_GROUPS = 64
+DATA_MAX_GROUPS = 256
 WIDE_ROW_ELEMS = 8192  # a program quantizing more elements at once than this gets 8 warps, else 4
 QUANT_GROUPS = 32  # a program quantizes its share of a row this many 32-groups at a time
 TILE_GROUPS = 256  # the scale-tile launch reorders this many groups of its 32 rows at a time (8 KB of LDS)

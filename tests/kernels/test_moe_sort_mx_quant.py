@@ -359,17 +359,20 @@ def test_one_step_shares_over_column_slices(monkeypatch, roles, defer, N, split,
     run(3, 4, 16, 16, N=N, qd=FP8NUZ, semantics="split", nlt=torch.tensor([9], dtype=torch.int32, device=DEV))
 
 
-def test_data_programs_of_128_groups(monkeypatch):
-    """``DATA_MAX_GROUPS`` 128 (issue 34's candidate, faster on an H100 at 48-64 tokens): two data programs of one
-    128-group step for a 129-group row (the second holds one real group), beside two routing programs."""
+@pytest.mark.parametrize("groups", [128, 256])
+def test_wide_data_programs(monkeypatch, groups):
+    """``DATA_MAX_GROUPS`` 128 and 256 (issue 34; 256 ships): two data programs of one row whose second holds one
+    real group, beside two routing programs: one 128-group step, or 256 groups in ``QUANT_GROUPS`` steps."""
     set_constants(monkeypatch, ROLES["on"])
-    monkeypatch.setattr(k, "DATA_MAX_GROUPS", 128)
+    monkeypatch.setattr(k, "DATA_MAX_GROUPS", groups)
     monkeypatch.setattr(k, "ROW_SPLIT_PROGRAMS", 1)
     monkeypatch.setattr(k, "MIN_ROW_SPLIT", 2)
-    p = k._batch_params(3, 4, 16, 4, 256, True, 96)
-    assert (p["ROUTE_PROGRAMS"], p["fill_split"], p["G_DTILE"], p["QG_D"]) == (2, 2, 128, 128)
-    run(3, 4, 16, 16, N=4128, qd=FP4, xkind="special")
-    run(3, 4, 16, 32, N=4128, qd=FP8, semantics="fused", nlt=torch.tensor([2], dtype=torch.int32, device=DEV))
+    N = (groups + 1) * 32
+    p = k._batch_params(3, 4, 16, 4, 2 * groups, True, N)
+    step = groups if groups <= k.QUANT_ONE_STEP_GROUPS else k.QUANT_GROUPS
+    assert (p["ROUTE_PROGRAMS"], p["fill_split"], p["G_DTILE"], p["QG_D"]) == (2, 2, groups, step)
+    run(3, 4, 16, 16, N=N, qd=FP4, xkind="special")
+    run(3, 4, 16, 32, N=N, qd=FP8, semantics="fused", nlt=torch.tensor([2], dtype=torch.int32, device=DEV))
 
 
 @pytest.mark.parametrize("roles", list(ROLES))
@@ -770,13 +773,15 @@ def test_gpu_decode_paths(monkeypatch, path, M):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("groups", [128, 256])
 @pytest.mark.parametrize("M,K,E,N", [(33, 8, 256, 7168), (64, 8, 256, 7168), (64, 4, 128, 6144),
-                                     (200, 4, 128, 6144)])
-def test_gpu_data_programs_of_128_groups(monkeypatch, M, K, E, N):
-    """``DATA_MAX_GROUPS`` 128 at full size (issue 34's candidate; 64 ships until this passes on a GPU): the
-    64-token bucket past 4096 hidden and the one-launch 256-token bucket, two data programs of 128 groups a row."""
-    monkeypatch.setattr(k, "DATA_MAX_GROUPS", 128)
-    assert k._batch_params(M, K, k._next_pow2(E + 1), k._next_pow2(K), 256, True, N)["G_DTILE"] == 128
+                                     (200, 4, 128, 6144), (60, 8, 256, 9216)])
+def test_gpu_wide_data_programs(monkeypatch, groups, M, K, E, N):
+    """``DATA_MAX_GROUPS`` 128 and 256 at full size: the 64-token bucket past 4096 and 8192 hidden and the
+    one-launch 256-token bucket past 2048 and 4096, data programs of up to that many groups a row."""
+    monkeypatch.setattr(k, "DATA_MAX_GROUPS", groups)
+    g_pad = k._next_pow2(N // 32)
+    assert 64 < k._batch_params(M, K, k._next_pow2(E + 1), k._next_pow2(K), g_pad, True, N)["G_DTILE"] <= groups
     mask = (torch.arange(E, device=DEV) % 5 != 2).to(torch.int32)
     nlt = torch.tensor([M - 3], dtype=torch.int32, device=DEV)
     run(M, K, E, 32, N, FP4, kind="skewed", xkind="special", seed=M)
