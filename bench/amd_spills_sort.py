@@ -14,10 +14,12 @@ are skipped. ``--variants old`` shows the per-program expert count that the deco
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -96,23 +98,19 @@ def main():
     print("| variant | arch | experts | topk | hidden | tokens | path | VGPRs | SGPRs | SGPR spills "
           "| VGPR spills | scratch B | LDS B |")
     print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    default_max, default_per_bin, default_bins = k.DECODE_MAX_PAIRS, k.DECODE_PAIRS_PER_BIN, k.ONE_LAUNCH_MAX_PAIR_BINS
+    old = dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, ONE_LAUNCH_MAX_PAIR_BINS=1 << 30)  # one launch to 2048 pairs
     for variant in args.variants.split(","):
-        k.DECODE_MAX_PAIRS = default_max if variant == "new" else 0
-        k.DECODE_PAIRS_PER_BIN = default_per_bin if variant == "new" else 0
-        k.ONE_LAUNCH_MAX_PAIR_BINS = default_bins if variant == "new" else 1 << 30  # old: one launch to 2048 pairs
-        for E, K, N in MODELS:
-            for M in map(int, args.tokens.split(",")):
-                path = k.decode_path(M, K, E)
-                if path == "prescanned":  # four launches, not the one-launch methods compared here
-                    continue
-                fn, a, kw = captured_launch(E, K, N, M, mask=args.mask)
-                for arch in args.arch.split(","):
-                    s = compile_stats(fn, a, kw, arch)
-                    print(f"| {variant} | {arch} | {E} | {K} | {N} | {M} | {path} | {s['vgpr']} | {s['sgpr']} "
-                          f"| {s['sgpr_spill']} | {s['vgpr_spill']} | {s['scratch']} | {s['lds']} |", flush=True)
-    k.DECODE_MAX_PAIRS, k.DECODE_PAIRS_PER_BIN, k.ONE_LAUNCH_MAX_PAIR_BINS = default_max, default_per_bin, default_bins
-
+        with mock.patch.multiple(k, **old) if variant == "old" else contextlib.nullcontext():
+            for E, K, N in MODELS:
+                for M in map(int, args.tokens.split(",")):
+                    path = k.decode_path(M, K, E)
+                    if path == "prescanned":  # four launches, not the one-launch methods compared here
+                        continue
+                    fn, a, kw = captured_launch(E, K, N, M, mask=args.mask)
+                    for arch in args.arch.split(","):
+                        s = compile_stats(fn, a, kw, arch)
+                        print(f"| {variant} | {arch} | {E} | {K} | {N} | {M} | {path} | {s['vgpr']} | {s['sgpr']} "
+                              f"| {s['sgpr_spill']} | {s['vgpr_spill']} | {s['scratch']} | {s['lds']} |", flush=True)
 
 if __name__ == "__main__":
     main()
