@@ -99,7 +99,10 @@ def main():
           "| VGPR spills | scratch B | LDS B |")
     print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     old = dict(DECODE_MAX_PAIRS=0, DECODE_PAIRS_PER_BIN=0, ONE_LAUNCH_MAX_PAIR_BINS=1 << 30)  # one launch to 2048 pairs
-    for variant in args.variants.split(","):
+    variants = args.variants.split(",")
+    if set(variants) - {"new", "old"}:
+        raise SystemExit(f"amd_spills_sort: --variants takes new and/or old, not {args.variants!r}")
+    for variant in variants:
         with mock.patch.multiple(k, **old) if variant == "old" else contextlib.nullcontext():
             for E, K, N in MODELS:
                 for M in map(int, args.tokens.split(",")):
@@ -111,6 +114,7 @@ def main():
                         s = compile_stats(fn, a, kw, arch)
                         print(f"| {variant} | {arch} | {E} | {K} | {N} | {M} | {path} | {s['vgpr']} | {s['sgpr']} "
                               f"| {s['sgpr_spill']} | {s['vgpr_spill']} | {s['scratch']} | {s['lds']} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -161,11 +161,11 @@ QUANT_ONE_STEP_GROUPS = 128
 # 8192 tokens 160.98 -> 181.13; with 128-group data shares 169.89); ROUTE_SPLIT_DIV 4 or 16 and
 # DATA_MAX_GROUPS 16 or 32 no better at 1-32 tokens. Launch counts unchanged (one grid, more columns).
 # DATA_MAX_GROUPS 256 (issue 34; H100, docs/bench/moe_sort_quant_h200.md "Data programs of up to 256 groups"): fewer
-# data programs where a row-split program has more than 64 groups (the 16-, 32- and 64-token buckets past 16384,
-# 8192 and 4096 hidden; the one-launch 256-token bucket at topk <= 4, 1024 at topk 1, past 2048). Against 64:
-# (256, 8, 7168) 48 and 64 tokens 6.28 -> 5.55 and 6.69 -> 6.04 µs, (128, 4, 6144) 128 and 256 tokens 6.84 -> 5.97
-# and 8.15 -> 7.87, other rows at 1-256 tokens within 0.1. 128 was as fast at 48-64 tokens but slower than 64 at
-# (128, 4, 6144) 65-256 tokens (6.09 against 5.81 at 65), where 256 gives one looped data program a row.
+# data programs where a one-launch row-split program has more than 64 groups (the 8-, 16-, 32- and 64-token buckets
+# past 32768, 16384, 8192 and 4096 hidden; the 256-token bucket at topk <= 4, 1024 at topk 1, past 2048). Against
+# 64: (256, 8, 7168) 48 and 64 tokens 6.28 -> 5.55 and 6.69 -> 6.04 µs, (128, 4, 6144) 128 and 256 tokens 6.84 ->
+# 5.97 and 8.15 -> 7.87, other rows at 1-256 tokens within 0.1. 128 was as fast at 48-64 tokens but slower than 64 at
+# (128, 4, 6144) 65, 100, 200 and 256 tokens (65: 6.09 against 5.81), where 256 gives one looped data program a row.
 ROLES_MAX_PAIRS = 1024
 ROLES_PRESCANNED = False
 ROUTE_SPLIT_DIV = 1
