@@ -185,15 +185,15 @@ class Row:
         grid split and warps): candidates that choose the same are timed once."""
         M, K, E, N = self.M, self.K, self.E, self.N
         g_pad = kernel._next_pow2(N // 32) if quant else 1
-        batch = kernel._batch_params(M, K, kernel.expert_bins(E), kernel._next_pow2(K), g_pad, quant, N)
+        batch = kernel._batch_params(M, K, kernel.expert_bin_count(E), kernel._next_pow2(K), g_pad, quant, N)
         path = kernel.decode_path(M, K, E)
-        chunk = kernel._chunk_tokens(M, K, kernel.expert_bins(E)) if path == "prescanned" else 0  # the rank launch's
+        chunk = kernel._chunk_tokens(M, K, kernel.expert_bin_count(E)) if path == "prescanned" else 0  # the rank launch's
         return (path, quant and self.qd, tuple(sorted(batch.items())), kernel.DEFER_QUANT_MATH, chunk,
                 kernel.sort_warps(batch))
 
     def pairs_pad(self) -> int:
         """The decode methods' padded pair count for this row (0 on the other paths)."""
-        batch = kernel._batch_params(self.M, self.K, kernel.expert_bins(self.E), kernel._next_pow2(self.K),
+        batch = kernel._batch_params(self.M, self.K, kernel.expert_bin_count(self.E), kernel._next_pow2(self.K),
                                      1, False, self.N)
         return batch["PAIRS_PAD"] if batch["DECODE"] else 0
 

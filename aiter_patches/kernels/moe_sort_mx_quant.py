@@ -832,7 +832,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def expert_bins(num_experts: int) -> int:
+def expert_bin_count(num_experts: int) -> int:
     """``E_BINS``: the expert histogram's bins, one per expert and one for dropped pairs, to a power of two."""
     return _next_pow2(num_experts + 1)
 
@@ -1169,7 +1169,7 @@ def _make_plan(key: tuple) -> _SortPlan:
             raise ValueError(f"quant_semantics {quant_semantics!r}")
         data_cols = N // 2 if fmt["FP4"] else N
 
-    e_bins = expert_bins(num_experts)
+    e_bins = expert_bin_count(num_experts)
     k_pad = _next_pow2(K)
     prescanned = _prescanned(M, K, e_bins)
     chunk_t, n_chunks = 1, 0
@@ -1327,7 +1327,7 @@ def decode_path(num_tokens: int, topk: int, num_experts: int = 1) -> str:
     """Which one-launch position method a call of this size takes (chosen for its token bucket):
     "sort", "compare", "count" (per-program expert count over all bins) or "prescanned" (four
     launches)."""
-    e_bins = expert_bins(num_experts)
+    e_bins = expert_bin_count(num_experts)
     if _prescanned(num_tokens, topk, e_bins):
         return "prescanned"
     pairs_b = _bucket_tokens(num_tokens, topk, e_bins) * topk
@@ -1344,4 +1344,4 @@ def _count_params(pairs: int, e_bins: int) -> dict:
 
 def launch_count(num_tokens: int, topk: int, num_experts: int, quant: bool, fused: bool) -> int:
     """Kernels :func:`moe_sort_mx_quant` launches (``fused``: the quant's resolved semantics)."""
-    return 3 + (quant and not fused) if _prescanned(num_tokens, topk, expert_bins(num_experts)) else 1
+    return 3 + (quant and not fused) if _prescanned(num_tokens, topk, expert_bin_count(num_experts)) else 1

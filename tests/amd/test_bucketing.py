@@ -15,7 +15,7 @@ from aiter_patches.kernels import moe_sort_mx_quant as K
 
 @pytest.mark.parametrize("topk,experts,hidden", [(8, 256, 7168), (16, 896, 3584), (5, 129, 6144), (9, 257, 7168)])
 def test_batch_params_depend_only_on_the_bucket(topk, experts, hidden):
-    e_bins, k_pad, g_pad = K.expert_bins(experts), K._next_pow2(topk), K._next_pow2(hidden // 32)
+    e_bins, k_pad, g_pad = K.expert_bin_count(experts), K._next_pow2(topk), K._next_pow2(hidden // 32)
     constexprs = {}
     for m in range(1, 6000):
         p = K._batch_params(m, topk, e_bins, k_pad, g_pad, True, hidden)

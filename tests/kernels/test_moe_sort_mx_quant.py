@@ -781,7 +781,7 @@ def test_gpu_wide_data_programs(monkeypatch, groups, M, K, E, N):
     one-launch 256-token bucket past 2048 and 4096, data programs of up to that many groups a row."""
     monkeypatch.setattr(k, "DATA_MAX_GROUPS", groups)
     g_pad = k._next_pow2(N // 32)
-    assert 64 < k._batch_params(M, K, k.expert_bins(E), k._next_pow2(K), g_pad, True, N)["G_DTILE"] <= groups
+    assert 64 < k._batch_params(M, K, k.expert_bin_count(E), k._next_pow2(K), g_pad, True, N)["G_DTILE"] <= groups
     mask = (torch.arange(E, device=DEV) % 5 != 2).to(torch.int32)
     nlt = torch.tensor([M - 3], dtype=torch.int32, device=DEV)
     run(M, K, E, 32, N, FP4, kind="skewed", xkind="special", seed=M)
