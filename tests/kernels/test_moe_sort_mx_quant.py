@@ -359,17 +359,16 @@ def test_one_step_shares_over_column_slices(monkeypatch, roles, defer, N, split,
     run(3, 4, 16, 16, N=N, qd=FP8NUZ, semantics="split", nlt=torch.tensor([9], dtype=torch.int32, device=DEV))
 
 
-@pytest.mark.parametrize("groups", [128, 256])
-def test_wide_data_programs(monkeypatch, groups):
+@pytest.mark.parametrize("groups,step", [(128, 128), (256, 32)])
+def test_wide_data_programs(monkeypatch, groups, step):
     """``DATA_MAX_GROUPS`` 128 and 256 (issue 34; 256 ships): two data programs of one row whose second holds one
-    real group, beside two routing programs: one 128-group step, or 256 groups in ``QUANT_GROUPS`` steps."""
+    real group, beside two routing programs: one 128-group step, or 256 groups in ``QUANT_GROUPS`` (32) steps."""
     set_constants(monkeypatch, ROLES["on"])
     monkeypatch.setattr(k, "DATA_MAX_GROUPS", groups)
     monkeypatch.setattr(k, "ROW_SPLIT_PROGRAMS", 1)
     monkeypatch.setattr(k, "MIN_ROW_SPLIT", 2)
     N = (groups + 1) * 32
     p = k._batch_params(3, 4, 16, 4, 2 * groups, True, N)
-    step = groups if groups <= k.QUANT_ONE_STEP_GROUPS else k.QUANT_GROUPS
     assert (p["ROUTE_PROGRAMS"], p["fill_split"], p["G_DTILE"], p["QG_D"]) == (2, 2, groups, step)
     run(3, 4, 16, 16, N=N, qd=FP4, xkind="special")
     run(3, 4, 16, 32, N=N, qd=FP8, semantics="fused", nlt=torch.tensor([2], dtype=torch.int32, device=DEV))
