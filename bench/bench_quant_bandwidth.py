@@ -9,10 +9,15 @@ row. This script takes the quant apart on the GPU, CUDA-graph replay, same run:
   shift: the memory floor of this access pattern).
   ``GB/s``: activations in, codes and scale bytes out, over the time.
 * ``product``: the whole sort + fill + quant of :mod:`aiter_patches.kernels.moe_sort_mx_quant` as
-  configured, without quant (sort + fill), the sort alone, without the fill (``zero_moe_buf=False``), with
-  the math replaced by the shift (a fresh process; bits wrong), and with the module constants of
-  ``CANDIDATES``; ``rank``, ``scan`` and ``tiles``: the prescanned chain's other launches alone (so the sort
-  launch alone is ``sort`` less the first two, and ``new`` less all three).
+  configured, without quant (sort + fill), the sort alone, without the fill (``zero_moe_buf=False``), and
+  with the module constants of ``CANDIDATES``; ``rank``, ``scan`` and ``tiles``: the prescanned chain's other
+  launches alone (so the sort launch alone is ``sort`` less the first two, and ``new`` less all three).
+* knockouts (``KNOCKOUTS``, ``--knockouts``): the product with one part of its work taken out, each in a
+  process of its own (Triton binds a kernel's callees at its first compile; bits wrong by design, times
+  only): ``shift math`` (the quant math replaced by the shift), ``no data programs`` (split roles' data
+  programs return at once: no codes, no compact scales, no ``moe_buf`` row), ``no sorted-row scales`` (the
+  routing programs' scale bytes at each pair's sorted row, their stores predicated off; the maxima are
+  still taken). Decode rows as well as prefill: ``--tokens 48,64 --no-alone``.
 
     python bench/bench_quant_bandwidth.py --out /tmp/quant_bandwidth.md  # its tables: docs/bench/moe_sort_quant_candidates_h200.md
 
@@ -70,6 +75,41 @@ def _quant_alone_kernel(x_ptr, q_ptr, s_ptr, G, MATH: tl.constexpr, QG: tl.const
     tl.store(s_ptr + row * G + g, s.to(tl.uint8), mask=g < G)
 
 
+_STORE_QUANT_TILE = kernel._store_quant_tile  # the product's own, which the knockout below calls
+
+
+@triton.jit
+def _skip_data_program(ids_ptr, w_ptr, mask_ptr, x_row, q_row, cs_row, buf_ptr, init_ptr, init_stride, row, t, cd, T,
+                       M, E, D, G, D_SPLIT,
+                       K: tl.constexpr, K_PAD: tl.constexpr, E_BINS: tl.constexpr, HAS_MASK: tl.constexpr,
+                       QUANT: tl.constexpr, FP4: tl.constexpr, MB: tl.constexpr, EMIN: tl.constexpr,
+                       MAXC: tl.constexpr, NANC: tl.constexpr, SIGNED_ZERO: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+                       INV_MAX_BITS: tl.constexpr, FLOOR_BITS: tl.constexpr, FUSED: tl.constexpr,
+                       BUF_MODE: tl.constexpr, D_BLOCK: tl.constexpr, G_DTILE: tl.constexpr, QG_D: tl.constexpr,
+                       COMPACT_SCALES: tl.constexpr):
+    """``no data programs``: ``_data_program``'s arguments, none of its work."""
+    return
+
+
+@triton.jit
+def _store_without_sorted_scales(q_row, s_ptr, cs_row, s, code, g_first, G, pos, keep_q, zero_w, all_zero,
+                                 FUSED: tl.constexpr, FP4: tl.constexpr, SNP: tl.constexpr, K_PAD: tl.constexpr,
+                                 GQ: tl.constexpr, COMPACT_SCALES: tl.constexpr, STORE_DATA: tl.constexpr):
+    """``no sorted-row scales``: ``_store_quant_tile`` with no pair kept (``pos`` is never negative, but the
+    compiler cannot know it): its codes and compact scales stored as before, its scattered stores issued with
+    every lane off."""
+    _STORE_QUANT_TILE(q_row, s_ptr, cs_row, s, code, g_first, G, pos, keep_q & (pos < 0), zero_w, all_zero,
+                      FUSED, FP4, SNP, K_PAD, GQ, COMPACT_SCALES, STORE_DATA)
+
+
+# each knockout: the product's jit helpers it replaces (by module global) in a process of its own
+KNOCKOUTS = {
+    "shift math": {"_mx_quant_groups": _shift_groups},
+    "no data programs": {"_data_program": _skip_data_program},
+    "no sorted-row scales": {"_store_quant_tile": _store_without_sorted_scales},
+}
+
+
 def quant_alone_us(x, math: int, qg: int) -> float:
     M, N = x.shape
     G = N // 32
@@ -108,11 +148,16 @@ def chain_launches_us(row) -> tuple[float, float, float]:
     return rank, scan, tiles
 
 
-def _product_shifted(job):
-    """The product's time with its math replaced by the shift (a fresh process: Triton binds a kernel's
-    callees at its first compile)."""
-    M, E, K, N = job
-    kernel._mx_quant_groups = _shift_groups
+def knock_out(name: str) -> None:
+    """Replace the product's helpers as knockout ``name`` says (once per process, before its first compile)."""
+    for attr, fn in KNOCKOUTS[name].items():
+        setattr(kernel, attr, fn)
+
+
+def _product_knocked(job):
+    """The product's time with knockout ``name`` (run in that knockout's own process)."""
+    name, (M, E, K, N) = job
+    knock_out(name)
     row = Row(M, E, K, N)
     return row.timer(functools.partial(row.ours, True), row.calls)
 
@@ -123,13 +168,19 @@ def main():
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--models", default="all")
     ap.add_argument("--no-alone", action="store_true", help="only the product table")
-    ap.add_argument("--no-shift", action="store_true", help="without the product's shift-math column")
+    ap.add_argument("--knockouts", default=",".join(KNOCKOUTS),
+                    help=f"knockout columns, comma-separated ('' for none; of: {', '.join(KNOCKOUTS)})")
     args = ap.parse_args()
+    knockouts = [k for k in args.knockouts.split(",") if k]
+    unknown = [k for k in knockouts if k not in KNOCKOUTS]
+    if unknown:
+        ap.error(f"--knockouts: {', '.join(unknown)} is not one of: {', '.join(KNOCKOUTS)}")
     t0 = time.time()
     bw = harness.copy_bandwidth()
     models = MODELS if args.models == "all" else [MODELS[int(i)] for i in args.models.split(",")]
     tokens = [int(t) for t in args.tokens.split(",")]
     ctx = multiprocessing.get_context("spawn")
+    pools = {k: ctx.Pool(1) for k in knockouts}  # one process per knockout, kept for every row
     alone, product = [], []
     for E, K, N in models:
         for M in tokens:
@@ -150,15 +201,16 @@ def main():
                     fn = functools.partial(_call, row, quant, zero)
                     times[name] = graph_time_us(fn, row.calls)
             times["rank"], times["scan"], times["tiles"] = chain_launches_us(row)
-            if not args.no_shift:
-                with ctx.Pool(1) as pool:
-                    times["shift math"] = pool.apply(_product_shifted, ((M, E, K, N),))
+            for k, pool in pools.items():
+                times[k] = pool.apply(_product_knocked, ((k, (M, E, K, N)),))
             floor = row.byte_floor_us(bw)
             product.append([E, K, N, M, f"{floor:.1f}"] + [f"{times[k]:.1f}" for k in times]
                            + [f"{times['new'] / floor:.2f}x",
                               f"{qbytes / (times['new'] - times['sort+fill']) / 1e3:.0f}"])
             heads_p = list(times)
             _write(args.out, t0, bw, alone, heads_p, product)  # row by row: a run cut short keeps its rows
+    for pool in pools.values():
+        pool.close()
     print(Path(args.out).read_text())
 
 

@@ -45,3 +45,44 @@ def test_chain_launches_run_the_plans_rank_scan_and_tiles(monkeypatch):
     assert b.chain_launches_us(row) == (1.0, 1.0, 1.0) and len(ran) == 3
     assert all(math.isnan(t) for t in b.chain_launches_us(b.Row(4, 16, 8, 64)))  # one launch: none of the three
     assert len(ran) == 3
+
+
+@pytest.mark.parametrize("name", list(b.KNOCKOUTS))
+def test_each_knockout_takes_out_what_it_names(monkeypatch, name):
+    """The knockouts behind issue 34's measured limits take out their part and nothing else: on the
+    interpreter, a decode call of split roles (routing and data programs) against the product's own bytes,
+    every output allocation poisoned so unwritten bytes show."""
+
+    def poisoned(*size, dtype, device):
+        t = torch.empty(*size, dtype=dtype, device=device)
+        t.view(torch.uint8).fill_(0xAB)
+        return t
+
+    monkeypatch.setattr(k, "_empty", poisoned)
+    g = torch.Generator().manual_seed(5)
+    M, E, K, N = 6, 16, 4, 256
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]).int()
+    w = torch.rand(M, K, generator=g)
+    x = (torch.randn(M, N, generator=g) * 3).bfloat16()
+
+    def call():
+        return k.moe_sort_mx_quant(ids, w, E, N, torch.bfloat16, 32, quant_input=x, quant_dtype=b.FP4)
+
+    real = call()
+    for attr in b.KNOCKOUTS[name]:
+        monkeypatch.setattr(k, attr, getattr(k, attr))  # undone after the test
+    b.knock_out(name)
+    got = call()
+    for a, r in zip(got[:4], real[:4]):  # the sort's four tables: every knockout leaves them alone
+        assert torch.equal(a, r)
+    (q, s), (rq, rs) = got.quant, real.quant
+    q, s, rq, rs = (t.view(torch.uint8) for t in (q, s, rq, rs))
+    if name == "no data programs":
+        assert (q == 0xAB).all() and (got.moe_buf.view(torch.uint8) == 0xAB).all()
+        assert torch.equal(s, rs)
+    elif name == "no sorted-row scales":
+        assert torch.equal(q, rq) and torch.equal(got.moe_buf, real.moe_buf)
+        # every pair's sorted row keeps its poison in each of the row's N / 32 groups; padding rows are written
+        assert int((s == 0xAB).sum() - (rs == 0xAB).sum()) == M * K * (N // 32)
+    else:
+        assert not torch.equal(q, rq) and torch.equal(got.moe_buf, real.moe_buf)
