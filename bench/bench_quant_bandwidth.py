@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import multiprocessing
 import sys
 import time
@@ -189,8 +190,8 @@ def main():
             x = row.sets[0][2]
             for qg in () if args.no_alone else (32, 64, 128):
                 cells = [E, K, N, M, qg]
-                for math in (0, 1):
-                    us = quant_alone_us(x, math, qg)
+                for shift_or_float in (0, 1):
+                    us = quant_alone_us(x, shift_or_float, qg)
                     cells += [f"{us:.1f}", f"{qbytes / us / 1e3:.0f}"]
                 alone.append(cells)
             times = {}
@@ -204,7 +205,8 @@ def main():
             for k, pool in pools.items():
                 times[k] = pool.apply(_product_knocked, ((k, (M, E, K, N)),))
             floor = row.byte_floor_us(bw)
-            product.append([E, K, N, M, f"{floor:.1f}"] + [f"{times[k]:.1f}" for k in times]
+            cells = ["–" if math.isnan(t) else f"{t:.1f}" for t in times.values()]  # –: no such launch in this row
+            product.append([E, K, N, M, f"{floor:.1f}"] + cells
                            + [f"{times['new'] / floor:.2f}x",
                               f"{qbytes / (times['new'] - times['sort+fill']) / 1e3:.0f}"])
             heads_p = list(times)
