@@ -17,7 +17,10 @@ row. This script takes the quant apart on the GPU, CUDA-graph replay, same run:
   only): ``shift math`` (the quant math replaced by the shift), ``no data programs`` (split roles' data
   programs return at once: no codes, no compact scales, no ``moe_buf`` row), ``no sorted-row scales`` (the
   routing programs' scale bytes at each pair's sorted row, their stores predicated off; the maxima are
-  still taken). Decode rows as well as prefill: ``--tokens 48,64 --no-alone``.
+  still taken); ``own process``: nothing taken out, the baseline of the others (each differs from ``new``
+  by a process's noise as well). A knockout whose work the row's launch does not have (no data programs
+  but in split roles; sorted-row scales from the scale-tile launch in the prescanned chain) is ``–``, not
+  timed. Decode rows as well as prefill: ``--tokens 48,64 --no-alone``.
 
     python bench/bench_quant_bandwidth.py --out /tmp/quant_bandwidth.md  # its tables: docs/bench/moe_sort_quant_candidates_h200.md
 
@@ -32,6 +35,7 @@ import argparse
 import functools
 import math
 import multiprocessing
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -103,11 +107,14 @@ def _store_without_sorted_scales(q_row, s_ptr, cs_row, s, code, g_first, G, pos,
                       FUSED, FP4, SNP, K_PAD, GQ, COMPACT_SCALES, STORE_DATA)
 
 
-# each knockout: the product's jit helpers it replaces (by module global) in a process of its own
+# each knockout: the product's jit helpers it replaces (by module global) in a process of its own, and whether a
+# launch (its sort launch's constexprs) has that work at all: where not, the column would time `new` again
 KNOCKOUTS = {
-    "shift math": {"_mx_quant_groups": _shift_groups},
-    "no data programs": {"_data_program": _skip_data_program},
-    "no sorted-row scales": {"_store_quant_tile": _store_without_sorted_scales},
+    "own process": ({}, lambda sort: True),
+    "shift math": ({"_mx_quant_groups": _shift_groups}, lambda sort: True),
+    "no data programs": ({"_data_program": _skip_data_program}, lambda sort: sort["ROUTE_PROGRAMS"] > 0),
+    "no sorted-row scales": ({"_store_quant_tile": _store_without_sorted_scales},
+                             lambda sort: not sort["COMPACT_SCALES"]),
 }
 
 
@@ -151,8 +158,16 @@ def chain_launches_us(row) -> tuple[float, float, float]:
 
 def knock_out(name: str) -> None:
     """Replace the product's helpers as knockout ``name`` says (once per process, before its first compile)."""
-    for attr, fn in KNOCKOUTS[name].items():
+    for attr, fn in KNOCKOUTS[name][0].items():
         setattr(kernel, attr, fn)
+
+
+def sort_constexprs(row) -> dict:
+    """The constexprs of the sort launch the product takes for ``row`` (with the quant)."""
+    ids, w, x = row.sets[0]
+    kept: list = []
+    kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4, kept=kept)
+    return kept[0].sort.kwargs
 
 
 def _product_knocked(job):
@@ -202,10 +217,12 @@ def main():
                     fn = functools.partial(_call, row, quant, zero)
                     times[name] = graph_time_us(fn, row.calls)
             times["rank"], times["scan"], times["tiles"] = chain_launches_us(row)
+            sort = sort_constexprs(row)
             for k, pool in pools.items():
-                times[k] = pool.apply(_product_knocked, ((k, (M, E, K, N)),))
+                has_it = KNOCKOUTS[k][1](sort)
+                times[k] = pool.apply(_product_knocked, ((k, (M, E, K, N)),)) if has_it else float("nan")
             floor = row.byte_floor_us(bw)
-            cells = ["–" if math.isnan(t) else f"{t:.1f}" for t in times.values()]  # –: no such launch in this row
+            cells = ["–" if math.isnan(t) else f"{t:.1f}" for t in times.values()]  # –: no such launch or work in this row
             product.append([E, K, N, M, f"{floor:.1f}"] + cells
                            + [f"{times['new'] / floor:.2f}x",
                               f"{qbytes / (times['new'] - times['sort+fill']) / 1e3:.0f}"])
@@ -213,18 +230,20 @@ def main():
             _write(args.out, t0, bw, alone, heads_p, product)  # row by row: a run cut short keeps its rows
     for pool in pools.values():
         pool.close()
+        pool.join()
     print(Path(args.out).read_text())
 
 
 def _write(out, t0, bw, alone, heads_p, product):
-    lines = [f"<!-- python bench/bench_quant_bandwidth.py --out {out}; torch {torch.__version__}, Triton "
+    lines = [f"<!-- python {shlex.join(sys.argv)}; torch {torch.__version__}, Triton "
              f"{triton.__version__}, {harness.gpu_name()}, {time.time() - t0:.0f} s -->", "",
-             f"Copy bandwidth {bw / 1e9:.0f} GB/s (read + write counted).", "",
-             "## The quant alone", "",
-             "| experts | topk | hidden | tokens | groups per program | none us | none GB/s | float us | float GB/s |",
-             "|" + "---:|" * 9]
-    lines += ["| " + " | ".join(map(str, c)) + " |" for c in alone]
-    lines += ["", "## The product", "", "| experts | topk | hidden | tokens | byte floor us | "
+             f"Copy bandwidth {bw / 1e9:.0f} GB/s (read + write counted).", ""]
+    if alone:
+        lines += ["## The quant alone", "",
+                  "| experts | topk | hidden | tokens | groups per program | none us | none GB/s | float us | float GB/s |",
+                  "|" + "---:|" * 9]
+        lines += ["| " + " | ".join(map(str, c)) + " |" for c in alone] + ["", "## The product", ""]
+    lines += ["| experts | topk | hidden | tokens | byte floor us | "
               + " | ".join(f"{h} us" for h in heads_p) + " | new / floor | quant GB/s |",
               "|" + "---:|" * (7 + len(heads_p))]
     lines += ["| " + " | ".join(map(str, c)) + " |" for c in product]

@@ -47,32 +47,46 @@ def test_chain_launches_run_the_plans_rank_scan_and_tiles(monkeypatch):
     assert len(ran) == 3
 
 
-@pytest.mark.parametrize("name", list(b.KNOCKOUTS))
-def test_each_knockout_takes_out_what_it_names(monkeypatch, name):
-    """The knockouts behind issue 34's measured limits take out their part and nothing else: on the
-    interpreter, a decode call of split roles (routing and data programs) against the product's own bytes,
-    every output allocation poisoned so unwritten bytes show."""
 
+def _poison(monkeypatch):
     def poisoned(*size, dtype, device):
         t = torch.empty(*size, dtype=dtype, device=device)
         t.view(torch.uint8).fill_(0xAB)
         return t
 
     monkeypatch.setattr(k, "_empty", poisoned)
+
+
+def _knocked_call(monkeypatch, name, M=6, E=16, K=4, N=256):
+    """The product's outputs for one call, as configured and with knockout ``name``, and its sort launch's
+    constexprs (every output allocation poisoned, so unwritten bytes show)."""
+    _poison(monkeypatch)
     g = torch.Generator().manual_seed(5)
-    M, E, K, N = 6, 16, 4, 256
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]).int()
     w = torch.rand(M, K, generator=g)
     x = (torch.randn(M, N, generator=g) * 3).bfloat16()
+    kept: list = []
 
     def call():
-        return k.moe_sort_mx_quant(ids, w, E, N, torch.bfloat16, 32, quant_input=x, quant_dtype=b.FP4)
+        return k.moe_sort_mx_quant(ids, w, E, N, torch.bfloat16, 32, quant_input=x, quant_dtype=b.FP4, kept=kept)
 
     real = call()
-    for attr in b.KNOCKOUTS[name]:
+    for attr in b.KNOCKOUTS[name][0]:
         monkeypatch.setattr(k, attr, getattr(k, attr))  # undone after the test
     b.knock_out(name)
-    got = call()
+    return real, call(), kept[0].sort.kwargs
+
+
+def _bytes(res):
+    return [*res[:5], *(t.view(torch.uint8) for t in res.quant)]
+
+
+@pytest.mark.parametrize("name", [n for n, (replaces, _) in b.KNOCKOUTS.items() if replaces])
+def test_each_knockout_takes_out_what_it_names(monkeypatch, name):
+    """The knockouts behind issue 34's measured limits take out their part and nothing else: on the
+    interpreter, a decode call of split roles (routing and data programs) against the product's own bytes."""
+    M, K, N = 6, 4, 256
+    real, got, _ = _knocked_call(monkeypatch, name, M=M, K=K, N=N)
     for a, r in zip(got[:4], real[:4]):  # the sort's four tables: every knockout leaves them alone
         assert torch.equal(a, r)
     (q, s), (rq, rs) = got.quant, real.quant
@@ -86,3 +100,20 @@ def test_each_knockout_takes_out_what_it_names(monkeypatch, name):
         assert int((s == 0xAB).sum() - (rs == 0xAB).sum()) == M * K * (N // 32)
     else:
         assert not torch.equal(q, rq) and torch.equal(got.moe_buf, real.moe_buf)
+
+
+@pytest.mark.parametrize("prescanned", [False, True])
+@pytest.mark.parametrize("name", list(b.KNOCKOUTS))
+def test_a_knockout_is_timed_only_where_the_launch_has_its_work(monkeypatch, name, prescanned):
+    """A knockout's column is timed where it changes what the launch writes, and only there (else it would time
+    ``new`` again and pass for a measurement): the prescanned chain has no data programs and writes its sorted-row
+    scales in the scale-tile launch, so two of the knockouts take nothing out of it; ``own process`` never does."""
+    if prescanned:
+        # 24 pairs: the prescanned chain, with the split quant semantics prefill takes (compact scales)
+        monkeypatch.setattr(k, "ONE_LAUNCH_MAX_PAIRS", 16)
+        monkeypatch.setattr(k, "FUSED_QUANT_MAX_PAIRS", 16)
+    real, got, sort = _knocked_call(monkeypatch, name)
+    assert sort["PRESCANNED"] == sort["COMPACT_SCALES"] == prescanned
+    changed = any(not torch.equal(a, r) for a, r in zip(_bytes(got), _bytes(real)))
+    assert changed == (b.KNOCKOUTS[name][1](sort) and bool(b.KNOCKOUTS[name][0]))
+    assert b.KNOCKOUTS[name][1](sort) == (name in ("own process", "shift math") or not prescanned)
