@@ -222,7 +222,7 @@ def main():
                 has_it = KNOCKOUTS[k][1](sort)
                 times[k] = pool.apply(_product_knocked, ((k, (M, E, K, N)),)) if has_it else float("nan")
             floor = row.byte_floor_us(bw)
-            cells = ["–" if math.isnan(t) else f"{t:.1f}" for t in times.values()]  # –: no such launch or work in this row
+            cells = ["–" if math.isnan(t) else f"{t:.1f}" for t in times.values()]  # –: no such launch or work
             product.append([E, K, N, M, f"{floor:.1f}"] + cells
                            + [f"{times['new'] / floor:.2f}x",
                               f"{qbytes / (times['new'] - times['sort+fill']) / 1e3:.0f}"])
@@ -239,8 +239,8 @@ def _write(out, t0, bw, alone, heads_p, product):
              f"{triton.__version__}, {harness.gpu_name()}, {time.time() - t0:.0f} s -->", "",
              f"Copy bandwidth {bw / 1e9:.0f} GB/s (read + write counted).", ""]
     if alone:
-        lines += ["## The quant alone", "",
-                  "| experts | topk | hidden | tokens | groups per program | none us | none GB/s | float us | float GB/s |",
+        lines += ["## The quant alone", "", "| experts | topk | hidden | tokens | groups per program | none us | "
+                  "none GB/s | float us | float GB/s |",
                   "|" + "---:|" * 9]
         lines += ["| " + " | ".join(map(str, c)) + " |" for c in alone] + ["", "## The product", ""]
     lines += ["| experts | topk | hidden | tokens | byte floor us | "
