@@ -47,7 +47,6 @@ def test_chain_launches_run_the_plans_rank_scan_and_tiles(monkeypatch):
     assert len(ran) == 3
 
 
-
 def _poison(monkeypatch):
     def poisoned(*size, dtype, device):
         t = torch.empty(*size, dtype=dtype, device=device)
