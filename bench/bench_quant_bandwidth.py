@@ -130,16 +130,23 @@ def quant_alone_us(x, math: int, qg: int) -> float:
                                                                num_warps=4 if qg <= 64 else 8)], 6)
 
 
+def product_plan(row, zero: bool = True):
+    """The plan the product takes for ``row`` with the quant (its launches' grids and constexprs), and the outputs of
+    one call of it."""
+    ids, w, x = row.sets[0]
+    kept: list = []
+    out = kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4,
+                                   zero_moe_buf=zero, kept=kept)
+    return kept[0], out
+
+
 def chain_launches_us(row) -> tuple[float, float, float]:
     """The prescanned chain's launches other than the sort launch, each alone (``rank``: per-chunk histograms and
     ranks; ``scan``: their prefix over chunks; ``tiles``: the sorted rows' scale bytes from the compact rows),
     replayed on its own with the buffers the product gives it: the sort launch's own time is the product's
     ``new`` less the three (``sort``, without the quant, less the first two)."""
-    ids, w, x = row.sets[0]
-    kept: list = []
-    out = kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4,
-                                   zero_moe_buf=False, kept=kept)
-    plan = kept[0]
+    ids = row.sets[0][0]
+    plan, out = product_plan(row, zero=False)
     if plan.rank is None:
         return float("nan"), float("nan"), float("nan")
     hist, pre = (torch.empty(plan.n_chunks, plan.e_bins, dtype=torch.int32, device=ids.device) for _ in range(2))
@@ -160,14 +167,6 @@ def knock_out(name: str) -> None:
     """Replace the product's helpers as knockout ``name`` says (once per process, before its first compile)."""
     for attr, fn in KNOCKOUTS[name][0].items():
         setattr(kernel, attr, fn)
-
-
-def sort_constexprs(row) -> dict:
-    """The constexprs of the sort launch the product takes for ``row`` (with the quant)."""
-    ids, w, x = row.sets[0]
-    kept: list = []
-    kernel.moe_sort_mx_quant(ids, w, row.E, row.N, torch.bfloat16, 32, quant_input=x, quant_dtype=FP4, kept=kept)
-    return kept[0].sort.kwargs
 
 
 def _product_knocked(job):
@@ -217,7 +216,7 @@ def main():
                     fn = functools.partial(_call, row, quant, zero)
                     times[name] = graph_time_us(fn, row.calls)
             times["rank"], times["scan"], times["tiles"] = chain_launches_us(row)
-            sort = sort_constexprs(row)
+            sort = product_plan(row)[0].sort.kwargs
             for k, pool in pools.items():
                 has_it = KNOCKOUTS[k][1](sort)
                 times[k] = pool.apply(_product_knocked, ((k, (M, E, K, N)),)) if has_it else float("nan")

@@ -10,6 +10,7 @@ from aiter_patches.kernels import moe_sort_mx_quant as k
 from aiter_patches.reference.mx_quant import mx_quant_rows
 from bench import bench_moe_sort_quant
 from bench import bench_quant_bandwidth as b
+from helpers.poisoned import poisoned_empty
 
 
 @pytest.mark.parametrize("math,same", [(0, False), (1, True)])
@@ -47,19 +48,10 @@ def test_chain_launches_run_the_plans_rank_scan_and_tiles(monkeypatch):
     assert len(ran) == 3
 
 
-def _poison(monkeypatch):
-    def poisoned(*size, dtype, device):
-        t = torch.empty(*size, dtype=dtype, device=device)
-        t.view(torch.uint8).fill_(0xAB)
-        return t
-
-    monkeypatch.setattr(k, "_empty", poisoned)
-
-
 def _knocked_call(monkeypatch, name, M=6, E=16, K=4, N=256):
     """The product's outputs for one call, as configured and with knockout ``name``, and its sort launch's
     constexprs (every output allocation poisoned, so unwritten bytes show)."""
-    _poison(monkeypatch)
+    monkeypatch.setattr(k, "_empty", poisoned_empty)
     g = torch.Generator().manual_seed(5)
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]).int()
     w = torch.rand(M, K, generator=g)

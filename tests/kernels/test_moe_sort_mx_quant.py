@@ -14,6 +14,7 @@ import aiter_patches.kernels.moe_sort_mx_quant as k
 from aiter_patches.reference.moe_sorting import defined_sort_region, moe_sorting_reference
 from aiter_patches.aiter_contract import mx_format
 from aiter_patches.reference.mx_quant import e8m0_scale_bytes, mx_quant_moe_sort_reference, mx_scale_swizzle_index, stage1_uses_fused_quant
+from helpers.poisoned import poisoned_empty
 
 FP4, FP8, FP8NUZ = torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m3fnuz
 HAS_GPU = torch.cuda.is_available()
@@ -27,15 +28,7 @@ SLOW_CI = pytest.mark.slow_ci
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every buffer the launcher allocates starts as 0xAB bytes, so unwritten bytes show."""
-
-    def empty(*size, dtype, device):
-        if len(size) == 1 and not isinstance(size[0], int):
-            size = tuple(size[0])
-        t = torch.empty(*size, dtype=dtype, device=device)
-        t.view(torch.uint8).fill_(0xAB)
-        return t
-
-    monkeypatch.setattr(k, "_empty", empty)
+    monkeypatch.setattr(k, "_empty", poisoned_empty)
 
 
 def routing(M, K, E, kind="uniform", seed=0, device=DEV):
